@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+# The install is CPU-only: constraints.txt pins the CPU torch wheel, and sam2 is built
+# without build isolation (and without its CUDA extension) so pip never pulls a CUDA torch.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO := build/demo
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch setuptools wheel
+	SAM2_BUILD_CUDA=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
+		--no-build-isolation -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) data/make_sample.py --out $(DEMO)
+	$(VENV)/bin/segpipe run $(DEMO)/sample.mp4 --store $(DEMO)/sample.zarr \
+		--prompts $(DEMO)/prompts.json --chunk-size 16 --image-size 256 \
+		$(if $(SEGPIPE_CHECKPOINT),--checkpoint $(SEGPIPE_CHECKPOINT),--random-weights 0)
+	$(VENV)/bin/segpipe status --store $(DEMO)/sample.zarr
+	@echo "demo results: store $(DEMO)/sample.zarr, exports in $(DEMO)/sample.export/"
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/bench_decode.py
+
+clean:
+	rm -rf build

@@ -1,0 +1,1 @@
+"""segpipe orchestration: the run store, the chunk ledger, the CLI."""

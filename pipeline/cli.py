@@ -1,0 +1,167 @@
+"""The segpipe command line: decode -> encode -> track -> export, each resumable."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import UserError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
+STORE = click.option("--store", "store", required=True, type=click.Path(path_type=Path),
+                     help="The run store (a zarr directory, one per video).")
+QUIET = click.option("--quiet", is_flag=True, help="No progress bars or messages.")
+DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+                      default="auto", help="Where the model runs.")
+CHECKPOINT = click.option("--checkpoint", default=None,
+                          help="Official SAM 2 checkpoint file, or hf:facebook/sam2.1-hiera-tiny style name.")
+
+
+def decode_options(f):
+    f = click.option("--image-size", type=int, default=None, show_default="1024, or the store's",
+                     help="Model input size S (frames are resized to S x S; a multiple of 32).")(f)
+    f = click.option("--chunk-size", type=int, default=None, show_default="32, or the store's",
+                     help="Frames per chunk: the unit of work, storage and resumption.")(f)
+    return f
+
+
+def encode_options(f):
+    from pipeline.model import DEFAULT_MODEL, MODELS
+    f = click.option("--embedding-dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+                     default="float32", help="How embeddings are stored (float32 keeps masks exact).")(f)
+    f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
+    f = click.option("--random-weights", "random_seed", type=int, default=None, metavar="SEED",
+                     help="Seeded random weights, for tests and demos: masks mean nothing.")(f)
+    f = CHECKPOINT(f)
+    f = click.option("--model", type=click.Choice(list(MODELS)), default=DEFAULT_MODEL,
+                     help="SAM 2 model config.")(f)
+    return f
+
+
+DIRECTION = click.option("--direction", type=click.Choice(["both", "forward", "reverse"]),
+                         default="both", help="Tracking passes from the earliest prompted frame.")
+
+
+@click.group(context_settings=CONTEXT)
+def cli():
+    """segpipe: segment objects through long videos with SAM 2, chunk by chunk.
+
+    \b
+    Example (all four stages, resumable):
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json \\
+          --checkpoint sam2.1_hiera_tiny.pt
+    """
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("video", type=click.Path(path_type=Path))
+@STORE
+@decode_options
+@QUIET
+def decode(video, store, chunk_size, image_size, quiet):
+    """Decode VIDEO into the store's model-input frames.
+
+    \b
+    Example:
+      segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
+    """
+    from stages.decode import decode as run_decode
+    run_decode(video, store, chunk_size, image_size, quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@STORE
+@encode_options
+@DEVICE
+@QUIET
+def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, device, quiet):
+    """Compute SAM 2 image embeddings for every decoded frame.
+
+    \b
+    Example:
+      segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
+    """
+    from stages.encode import encode as run_encode
+    run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype, quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@STORE
+@click.option("--prompts", "prompts", required=True, type=click.Path(path_type=Path),
+              help="Prompts JSON (see README, 'Prompts file').")
+@DIRECTION
+@CHECKPOINT
+@DEVICE
+@QUIET
+def track(store, prompts, direction, checkpoint, device, quiet):
+    """Track the prompted objects through the video from the stored embeddings.
+
+    \b
+    Example:
+      segpipe track --store clip.zarr --prompts prompts.json --direction both
+    """
+    from stages.track import track as run_track
+    run_track(store, prompts, direction, device, checkpoint, quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("video", type=click.Path(path_type=Path))
+@STORE
+@click.option("--prompts", "prompts", default=None, type=click.Path(path_type=Path),
+              help="Prompts JSON; without it, run stops after encode.")
+@decode_options
+@encode_options
+@DIRECTION
+@DEVICE
+@QUIET
+def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random_seed,
+        batch_size, embedding_dtype, direction, device, quiet):
+    """Run every stage on VIDEO in order, each resuming where it stopped.
+
+    \b
+    Example:
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
+          --image-size 256 --chunk-size 16
+    """
+    from stages.decode import decode as run_decode
+    from stages.encode import encode as run_encode
+    from stages.track import track as run_track
+    run_decode(video, store, chunk_size, image_size, quiet)
+    run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype, quiet)
+    if prompts is not None:
+        run_track(store, prompts, direction, device, checkpoint, quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@STORE
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+def status(store, as_json):
+    """Show each stage's chunks done / total and bytes on disk per array.
+
+    \b
+    Example:
+      segpipe status --store clip.zarr --json
+    """
+    from pipeline.status import describe, render
+    report = describe(store)
+    click.echo(json.dumps(report, indent=1) if as_json else render(report))
+
+
+def main():
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted; run the same command again to continue", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Building SAM 2 models: official configs, checkpoints (file or hf:), seeded random weights.
+
+Also the one place where segpipe changes SAM 2's arithmetic: on CPU in float32 the official
+predictor crashes when an object's memory holds only bfloat16 mask memories and no object
+pointers (`mat1 and mat2 must have the same dtype`). `install_memory_cast` casts that memory
+to float32 before memory attention, exactly what `torch.cat` already does as soon as a float32
+pointer joins the bfloat16 memories, so every other case stays bit-identical.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+from .store import file_identity
+
+# model name -> (config inside the sam2 package, official checkpoint file, Hugging Face repo)
+MODELS = {
+    "sam2.1_hiera_t": ("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", "facebook/sam2.1-hiera-tiny"),
+    "sam2.1_hiera_s": ("configs/sam2.1/sam2.1_hiera_s.yaml", "sam2.1_hiera_small.pt", "facebook/sam2.1-hiera-small"),
+    "sam2.1_hiera_b+": ("configs/sam2.1/sam2.1_hiera_b+.yaml", "sam2.1_hiera_base_plus.pt", "facebook/sam2.1-hiera-base-plus"),
+    "sam2.1_hiera_l": ("configs/sam2.1/sam2.1_hiera_l.yaml", "sam2.1_hiera_large.pt", "facebook/sam2.1-hiera-large"),
+    "sam2_hiera_t": ("configs/sam2/sam2_hiera_t.yaml", "sam2_hiera_tiny.pt", "facebook/sam2-hiera-tiny"),
+    "sam2_hiera_s": ("configs/sam2/sam2_hiera_s.yaml", "sam2_hiera_small.pt", "facebook/sam2-hiera-small"),
+    "sam2_hiera_b+": ("configs/sam2/sam2_hiera_b+.yaml", "sam2_hiera_base_plus.pt", "facebook/sam2-hiera-base-plus"),
+    "sam2_hiera_l": ("configs/sam2/sam2_hiera_l.yaml", "sam2_hiera_large.pt", "facebook/sam2-hiera-large"),
+}
+DEFAULT_MODEL = "sam2.1_hiera_t"
+CHECKPOINT_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/{release}/{file}"
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where the weights come from: a checkpoint file (by sha256) or a random seed."""
+    checkpoint: Path | None = None
+    random_seed: int | None = None
+
+    def describe(self) -> dict:
+        if self.checkpoint is not None:
+            return {"checkpoint_sha256": file_identity(self.checkpoint)["sha256"]}
+        return {"random_seed": self.random_seed}
+
+
+def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
+    if model not in MODELS:
+        raise UserError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    if checkpoint is not None and random_seed is not None:
+        raise UserError("give either --checkpoint or --random-weights, not both")
+    if checkpoint is None and random_seed is None:
+        _, file, _ = MODELS[model]
+        release = "092824" if model.startswith("sam2.1") else "072824"
+        raise UserError(
+            f"no weights for {model}: download {CHECKPOINT_URL.format(release=release, file=file)} "
+            f"and pass it as --checkpoint PATH (or --checkpoint hf:{MODELS[model][2]}; "
+            f"--random-weights SEED for tests only)"
+        )
+    if random_seed is not None:
+        return Weights(random_seed=random_seed)
+    if checkpoint.startswith("hf:"):
+        return Weights(checkpoint=_hf_checkpoint(checkpoint[3:]))
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise UserError(f"checkpoint not found: {path}")
+    return Weights(checkpoint=path)
+
+
+def _hf_checkpoint(repo_id: str) -> Path:
+    """Resolve `hf:facebook/sam2.1-hiera-tiny` through huggingface_hub's cache, as SAM 2's
+    own `from_pretrained` does."""
+    files = {repo: file for _, file, repo in MODELS.values()}
+    if repo_id not in files:
+        raise UserError(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
+    from huggingface_hub import hf_hub_download
+    try:
+        return Path(hf_hub_download(repo_id=repo_id, filename=files[repo_id]))
+    except Exception as e:  # noqa: BLE001 - offline, uncached, network: all one message
+        raise UserError(
+            f"could not get checkpoint hf:{repo_id} (not in the Hugging Face cache and not "
+            f"downloadable here: {type(e).__name__}); download {files[repo_id]} and pass --checkpoint PATH"
+        ) from None
+
+
+def build_model(model: str, image_size: int, weights: Weights, device: str = "cpu"):
+    """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`."""
+    from sam2.build_sam import build_sam2_video_predictor
+
+    config = MODELS[model][0]
+    overrides = [f"++model.image_size={image_size}"]
+    if weights.random_seed is not None:
+        torch.manual_seed(weights.random_seed)
+    predictor = build_sam2_video_predictor(config, ckpt_path=None, device="cpu",
+                                           hydra_overrides_extra=overrides)
+    if weights.checkpoint is not None:
+        try:
+            state = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)["model"]
+            predictor.load_state_dict(state, strict=True)
+        except Exception as e:  # noqa: BLE001
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
+    install_memory_cast(predictor)
+    return predictor.to(device).eval()
+
+
+def install_memory_cast(predictor) -> None:
+    """Cast a memory made only of bfloat16 mask memories to the features' dtype (see above)."""
+    def cast(_module, args, kwargs):
+        memory, curr = kwargs.get("memory"), kwargs.get("curr")
+        if (memory is not None and curr and memory.dtype == torch.bfloat16
+                and curr[0].dtype == torch.float32
+                and not torch.is_autocast_enabled(curr[0].device.type)):
+            kwargs["memory"] = memory.to(torch.float32)
+        return args, kwargs
+
+    if not getattr(predictor, "_segpipe_memory_cast", False):
+        predictor.memory_attention.register_forward_pre_hook(cast, with_kwargs=True)
+        predictor._segpipe_memory_cast = True
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device mps asked for, but torch sees no MPS device")
+    return device
+

@@ -1,0 +1,212 @@
+"""The run store: one zarr v3 group per video, plus the chunk ledger that makes stages resumable.
+
+Completion is never inferred from zarr chunk files (an all-fill chunk may write none).
+A chunk of a stage is done only when its ledger entry says so, and the entry is written
+after the chunk's data has been fsynced (`RunStore.commit`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from .errors import UserError
+
+SCHEMA_VERSION = 1
+FORMAT_NAME = "segpipe"
+
+
+def file_identity(path: Path) -> dict:
+    """Size and sha256 of a file: how a store recognises its source video."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory tree (files first, then each directory)."""
+    if path.is_dir():
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                _fsync_one(Path(root) / name, os.O_RDONLY)
+            _fsync_one(Path(root), os.O_RDONLY)
+    elif path.exists():
+        _fsync_one(path, os.O_RDONLY)
+
+
+def _fsync_one(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RunStore:
+    """A segpipe store on disk: attributes record the inputs and settings of every stage."""
+
+    def __init__(self, path: Path, group: zarr.Group):
+        self.path = path
+        self.group = group
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path) -> "RunStore":
+        path = Path(path)
+        if path.is_file():
+            raise UserError(f"store path {path} is a file, not a segpipe store directory")
+        if not (path / "zarr.json").is_file():
+            raise UserError(f"no segpipe store at {path} (run `segpipe decode` first)")
+        try:
+            group = zarr.open_group(str(path), mode="r+")
+        except Exception as e:  # noqa: BLE001 - any zarr failure is a damaged store to the user
+            raise UserError(f"store {path} cannot be read: {e}") from None
+        if group.attrs.get("format") != FORMAT_NAME:
+            raise UserError(f"{path} is a zarr group but not a segpipe store")
+        if group.attrs.get("schema_version") != SCHEMA_VERSION:
+            raise UserError(
+                f"store {path} has schema version {group.attrs.get('schema_version')}, "
+                f"this segpipe reads version {SCHEMA_VERSION}"
+            )
+        return cls(path, group)
+
+    @classmethod
+    def create(cls, path, attrs: dict) -> "RunStore":
+        """Create a new store; the path must not exist or be an empty directory."""
+        path = Path(path)
+        if path.is_file():
+            raise UserError(f"store path {path} is a file, not a segpipe store directory")
+        if path.exists() and any(path.iterdir()):
+            raise UserError(f"{path} exists and is not a segpipe store; choose another --store")
+        all_attrs = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, **attrs}
+        # One write of the group's zarr.json: the store exists with all its settings or not at all.
+        group = zarr.create_group(str(path), attributes=all_attrs)
+        fsync_path(path / "zarr.json")
+        return cls(path, group)
+
+    @staticmethod
+    def exists(path) -> bool:
+        return (Path(path) / "zarr.json").is_file()
+
+    # -- attributes ------------------------------------------------------------------------
+    @property
+    def attrs(self) -> dict:
+        return dict(self.group.attrs)
+
+    def set_attrs(self, **values) -> None:
+        self.group.attrs.update(values)
+        fsync_path(self.path / "zarr.json")
+
+    def require(self, setting: str, have, want) -> None:
+        """Refuse to mix settings in one store."""
+        if have != want:
+            raise UserError(
+                f"store {self.path} was made with {setting}={have}, not {want}; "
+                f"use a new --store (or the store's settings)"
+            )
+
+    # -- arrays ----------------------------------------------------------------------------
+    def array(self, name: str) -> zarr.Array | None:
+        try:
+            node = self.group[name]
+        except KeyError:
+            return None
+        return node if isinstance(node, zarr.Array) else None
+
+    def create_array(self, name, shape, chunks, dtype, fill_value=0, compress=True,
+                     attributes=None, overwrite=False) -> zarr.Array:
+        """Arrays carry a crc32c checksum per chunk; `compress` adds zstd before it."""
+        compressors = [ZstdCodec(level=3), Crc32cCodec()] if compress else [Crc32cCodec()]
+        arr = self.group.create_array(
+            name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill_value,
+            compressors=compressors, attributes=attributes or {}, overwrite=overwrite,
+            config={"write_empty_chunks": True},
+        )
+        fsync_path(self.path / name / "zarr.json")
+        return arr
+
+    def ensure_array(self, name, shape, chunks, dtype, **kw) -> zarr.Array:
+        arr = self.array(name)
+        if arr is None or arr.dtype != np.dtype(dtype) or arr.chunks != tuple(chunks):
+            arr = self.create_array(name, shape, chunks, dtype, overwrite=arr is not None, **kw)
+        elif arr.shape != tuple(shape):
+            arr.resize(shape)
+        return arr
+
+    def delete(self, name: str) -> None:
+        if name in self.group:
+            del self.group[name]
+
+    def array_bytes(self) -> dict[str, int]:
+        """Bytes on disk under each array of the store."""
+        sizes = {}
+        for root, _dirs, files in os.walk(self.path):
+            rel = Path(root).relative_to(self.path)
+            if "zarr.json" in files and rel != Path("."):
+                node = self.array(str(rel))
+                if node is not None:
+                    sizes[str(rel)] = sum(
+                        f.stat().st_size for f in Path(root).rglob("*") if f.is_file()
+                    )
+        return dict(sorted(sizes.items()))
+
+    # -- chunk commits ---------------------------------------------------------------------
+    def ledger(self, stage: str) -> "Ledger":
+        return Ledger(self, stage)
+
+    def commit_array(self, name: str) -> None:
+        """Make a whole (small) array durable."""
+        fsync_path(self.path / name)
+
+    def commit(self, stage: str, chunk: int, arrays: list[str]) -> None:
+        """Make chunk `chunk` of `arrays` durable, then record it done for `stage`: the
+        done-record is written last, so a crash at any point loses at most this chunk."""
+        for name in arrays:
+            fsync_path(self.path / name / "zarr.json")
+            fsync_path(self.path / name / "c" / str(chunk))
+        self.ledger(stage).mark_done(chunk)
+
+
+class Ledger:
+    """Per-stage done-records: uint8 array `ledger/<stage>`, one zarr chunk per pipeline chunk."""
+
+    def __init__(self, store: RunStore, stage: str):
+        self.store = store
+        self.name = f"ledger/{stage}"
+
+    def _array(self, create: bool = False) -> zarr.Array | None:
+        arr = self.store.array(self.name)
+        if arr is None and create:
+            arr = self.store.create_array(self.name, (0,), (1,), "uint8", compress=False)
+        return arr
+
+    def done(self) -> np.ndarray:
+        """Boolean vector over chunk indices recorded so far."""
+        arr = self._array()
+        if arr is None or arr.shape[0] == 0:
+            return np.zeros(0, dtype=bool)
+        return arr[:] == 1
+
+    def is_done(self, chunk: int) -> bool:
+        done = self.done()
+        return chunk < len(done) and bool(done[chunk])
+
+    def count(self) -> int:
+        return int(self.done().sum())
+
+    def mark_done(self, chunk: int) -> None:
+        arr = self._array(create=True)
+        if chunk >= arr.shape[0]:
+            arr.resize((chunk + 1,))
+            fsync_path(self.store.path / self.name / "zarr.json")
+        arr[chunk] = 1
+        fsync_path(self.store.path / self.name / "c" / str(chunk))
+
+    def reset(self) -> None:
+        self.store.delete(self.name)

@@ -1,0 +1,172 @@
+"""Encode stage: SAM 2 image embeddings for every frame, chunk by chunk.
+
+Stored per frame: the three backbone levels SAM 2 tracking consumes, as `forward_image`
+returns them (levels 0 and 1 already through the mask decoder's conv_s0 / conv_s1):
+`features/level0` (T, 32, S/4, S/4), `features/level1` (T, 64, S/8, S/8) and
+`features/level2` (T, 256, S/16, S/16), the vision features. Positional encodings depend only
+on the shape and are recomputed by the tracker.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline import log
+from pipeline.chunks import ChunkPlan
+from pipeline.errors import UserError
+from pipeline.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
+from pipeline.store import RunStore
+
+STAGE = "encode"
+LEVELS = ("features/level0", "features/level1", "features/level2")
+DTYPES = ("float32", "float16", "bfloat16")
+# SAM 2's frame loader normalisation (sam2.utils.misc.load_video_frames)
+IMG_MEAN = torch.tensor((0.485, 0.456, 0.406), dtype=torch.float32)[:, None, None]
+IMG_STD = torch.tensor((0.229, 0.224, 0.225), dtype=torch.float32)[:, None, None]
+
+
+def preprocess(frames: np.ndarray) -> torch.Tensor:
+    """uint8 (N, S, S, 3) -> normalised float32 (N, 3, S, S), in SAM 2's arithmetic order:
+    /255 in float64 (numpy), cast to float32, subtract the mean, divide by the std.
+    The result is contiguous NCHW like SAM 2's frame tensor: with a channels-last layout the
+    convolutions take another kernel and the features change in the last bits."""
+    images = torch.from_numpy(frames / 255.0).permute(0, 3, 1, 2).to(torch.float32,
+                                                                   memory_format=torch.contiguous_format)
+    images -= IMG_MEAN
+    images /= IMG_STD
+    return images
+
+
+def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
+    """Features as stored: bfloat16 as its raw bit pattern in uint16 (zarr has no bfloat16)."""
+    if dtype == "bfloat16":
+        return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return x.to(getattr(torch, dtype)).numpy()
+
+
+def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """Stored features back to a float32 tensor (exact for every stored dtype)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(torch.float32)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32)
+
+
+def model_spec(store: RunStore, model: str, weights, embedding_dtype: str) -> dict:
+    return {"name": model, "image_size": store.attrs["image_size"],
+            "weights": weights.describe(), "embedding_dtype": embedding_dtype}
+
+
+def check_model(store: RunStore, spec: dict) -> None:
+    """Encode and track refuse to mix embeddings of different models in one store."""
+    existing = store.attrs.get("model")
+    if existing is None:
+        return
+    for key in ("name", "image_size", "weights", "embedding_dtype"):
+        store.require(f"model {key}", existing[key], spec[key])
+
+
+def require_decoded(store: RunStore) -> int:
+    if "frame_count" not in store.attrs:
+        raise UserError(f"store {store.path} is not fully decoded yet (run `segpipe decode`)")
+    return store.attrs["frame_count"]
+
+
+def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
+           random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
+           embedding_dtype: str = "float32", quiet: bool = False, predictor=None) -> RunStore:
+    store = RunStore.open(store_path)
+    T = require_decoded(store)
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
+    if embedding_dtype not in DTYPES:
+        raise UserError(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
+    weights = resolve_weights(model, checkpoint, random_seed)
+    spec = model_spec(store, model, weights, embedding_dtype)
+    check_model(store, spec)
+    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    ledger = store.ledger(STAGE)
+    done = ledger.done()
+    todo = [k for k in plan if not (k < len(done) and done[k])]
+    if "model" not in store.attrs:
+        store.set_attrs(model=spec)
+    if weights.random_seed is not None:
+        log.warn("random weights: embeddings and masks from them mean nothing")
+    if not todo:
+        log.info("encode: already complete", quiet)
+        return store
+    device = pick_device(device)
+    if predictor is None:
+        predictor = build_model(model, store.attrs["image_size"], weights, device)
+    frames = store.array("frames")
+
+    def read(k):
+        lo, hi = plan.bounds(k)
+        return k, frames[lo:hi]
+
+    def write(k, levels, layouts):
+        lo, hi = plan.bounds(k)
+        for name, feats, layout in zip(LEVELS, levels, layouts):
+            arr = store.array(name)
+            if arr is None:  # shapes are known once the model has produced them
+                arr = store.create_array(name, (T, *feats.shape[1:]), (plan.chunk_size, *feats.shape[1:]),
+                                         feats.dtype, compress=False,
+                                         attributes={"embedding_dtype": embedding_dtype,
+                                                     "memory_format": layout})
+            arr[lo:hi] = feats
+        store.commit(STAGE, k, list(LEVELS))
+
+    bar = tqdm(total=T, initial=T - sum(np.subtract(*plan.bounds(k)[::-1]) for k in todo),
+               unit="frame", desc="encode", disable=quiet, dynamic_ncols=True)
+    # One chunk read ahead and one written behind while the current one is encoded.
+    with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
+        next_read = reader.submit(read, todo[0])
+        pending_write = None
+        for i in range(len(todo)):
+            k, chunk_frames = next_read.result()
+            if i + 1 < len(todo):
+                next_read = reader.submit(read, todo[i + 1])
+            levels, layouts = encode_frames(predictor, chunk_frames, batch_size, embedding_dtype)
+            if pending_write is not None:
+                pending_write.result()
+            pending_write = writer.submit(write, k, levels, layouts)
+            bar.update(len(chunk_frames))
+        pending_write.result()
+    bar.close()
+    log.info(f"encode: {T} frames embedded in {store.path}", quiet)
+    return store
+
+
+def memory_format(x: torch.Tensor) -> str:
+    """The layout `forward_image` gives a level; the tracker restores it, since kernels (and
+    so the last bits of the masks) depend on it."""
+    return "channels_last" if not x.is_contiguous() and x.is_contiguous(
+        memory_format=torch.channels_last) else "contiguous"
+
+
+def restore_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    return x.contiguous(memory_format=fmt)
+
+
+@torch.inference_mode()
+def encode_frames(predictor, frames: np.ndarray, batch_size: int, dtype: str
+                  ) -> tuple[list[np.ndarray], list[str]]:
+    """Backbone levels of `frames` as stored arrays, batch by batch, and their layouts."""
+    device = predictor.device
+    outs: list[list[np.ndarray]] = [[], [], []]
+    layouts: list[str] = []
+    for lo in range(0, len(frames), batch_size):
+        images = preprocess(frames[lo:lo + batch_size])
+        if device.type == "cuda":
+            images = images.pin_memory().to(device, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                backbone = predictor.forward_image(images)
+        else:
+            backbone = predictor.forward_image(images.to(device))
+        layouts = [memory_format(feats) for feats in backbone["backbone_fpn"]]
+        for level, feats in enumerate(backbone["backbone_fpn"]):
+            outs[level].append(to_storage(feats.float().cpu() if device.type != "cpu" else feats, dtype))
+    return [np.concatenate(level) for level in outs], layouts

@@ -1,0 +1,294 @@
+"""Track stage: SAM 2 video tracking chunk by chunk, from stored embeddings.
+
+Semantics are exactly `SAM2VideoPredictor` with all prompts added up front: the forward pass
+runs from the earliest prompted frame to the last frame, the reverse pass from it back to
+frame 0, each from a fresh state. SAM 2's own methods do the work (`add_new_points_or_box`,
+`add_new_mask`, `propagate_in_video_preflight`, `_run_single_frame_inference`,
+`_get_orig_video_res_output`); segpipe supplies the stored features through the predictor's
+feature cache and carries `TrackerMemory` across chunks, so masks are bit-identical to the
+predictor tracking the whole video in memory.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline import log
+from pipeline import prompts as prompt_file
+from pipeline.chunks import ChunkPlan
+from pipeline.errors import UserError
+from pipeline.model import build_model, pick_device, resolve_weights
+from pipeline.store import RunStore
+from stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
+                           restore_layout)
+from stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+
+DIRECTIONS = ("both", "forward", "reverse")
+TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+
+
+class StoredFeatures(dict):
+    """Stands in for the predictor's `cached_features`: every lookup is a hit, served from the
+    chunk of stored embeddings currently loaded, so the image encoder is never called."""
+
+    def __init__(self, store: RunStore, dtype: str, device, pos_enc: list[torch.Tensor]):
+        super().__init__()
+        self.store, self.dtype, self.device, self.pos_enc = store, dtype, device, pos_enc
+        self.lo, self.levels = 0, []
+        self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
+
+    def load(self, lo: int, hi: int) -> None:
+        self.lo = lo
+        self.levels = []
+        for name in LEVELS:
+            arr = self.store.array(name)
+            feats = from_storage(arr[lo:hi], self.dtype).to(self.device)
+            self.levels.append(restore_layout(feats, arr.attrs.get("memory_format", "contiguous")))
+
+    def get(self, frame_idx, default=None):
+        i = frame_idx - self.lo
+        if not self.levels or not 0 <= i < len(self.levels[0]):
+            self.load(frame_idx, frame_idx + 1)
+            i = 0
+        backbone = {"backbone_fpn": [lvl[i:i + 1] for lvl in self.levels],
+                    "vision_pos_enc": list(self.pos_enc)}
+        return self.dummy_image, backbone
+
+
+def positional_encodings(predictor, store: RunStore) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The image encoder's and the memory encoder's positional encodings, which depend only
+    on feature shapes (computed as `FpnNeck` and `MemoryEncoder` do)."""
+    device = predictor.device
+    neck_pe = predictor.image_encoder.neck.position_encoding
+    vision = [neck_pe(torch.zeros(1, *store.array(n).shape[1:], device=device)) for n in LEVELS]
+    S = predictor.image_size
+    mem_dim = predictor.memory_encoder.out_proj.weight.shape[0]
+    dummy = torch.zeros(1, mem_dim, S // 16, S // 16, device=device)
+    return vision, predictor.memory_encoder.position_encoding(dummy)
+
+
+def new_state(predictor, num_frames: int, height: int, width: int, features: StoredFeatures,
+              maskmem_pos_enc: torch.Tensor) -> dict:
+    """An inference state as `SAM2VideoPredictor.init_state` makes it, with no frames held."""
+    device = predictor.device
+    return {
+        "images": None, "num_frames": num_frames, "offload_video_to_cpu": False,
+        "offload_state_to_cpu": False, "video_height": height, "video_width": width,
+        "device": device, "storage_device": device, "point_inputs_per_obj": {},
+        "mask_inputs_per_obj": {}, "cached_features": features,
+        "constants": {"maskmem_pos_enc": [maskmem_pos_enc]},
+        "obj_id_to_idx": OrderedDict(), "obj_idx_to_id": OrderedDict(), "obj_ids": [],
+        "output_dict_per_obj": {}, "temp_output_dict_per_obj": {}, "frames_tracked_per_obj": {},
+    }
+
+
+def apply_prompts(predictor, state: dict, prompts: list) -> None:
+    """Add every prompt in file order through SAM 2's own API, then its preflight (which
+    encodes the prompted frames' memories)."""
+    for p in prompts:
+        if p.mask is not None:
+            predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
+        else:
+            predictor.add_new_points_or_box(
+                state, p.frame, p.object_id,
+                points=None if p.points is None else np.array(p.points, dtype=np.float32),
+                labels=None if p.labels is None else np.array(p.labels, dtype=np.int32),
+                box=None if p.box is None else np.array(p.box, dtype=np.float32))
+    predictor.propagate_in_video_preflight(state)
+
+
+class Tracker:
+    """One pass (forward or reverse) over the chunks, memory carried between them."""
+
+    def __init__(self, predictor, store: RunStore, plan: ChunkPlan, direction: str,
+                 prompts: list, features: StoredFeatures, maskmem_pos_enc: torch.Tensor):
+        self.predictor, self.store, self.plan = predictor, store, plan
+        self.direction, self.reverse = direction, direction == "reverse"
+        self.prompts, self.features, self.pos = prompts, features, [maskmem_pos_enc]
+        video = store.attrs["video"]
+        self.height, self.width = video["height"], video["width"]
+        self.ids = prompt_file.object_ids(prompts)
+        self.start = min(p.frame for p in prompts)
+        self.reach = Reach.of(predictor, plan.num_frames)
+        S = predictor.image_size
+        self.memstore = MemoryStore(store, direction, self.reach, len(self.ids), plan.num_chunks,
+                                    (maskmem_pos_enc.shape[1], S // 16, S // 16), (S // 4, S // 4),
+                                    predictor.hidden_dim)
+        self.stage = f"track_{direction}"
+
+    def frames(self) -> list[int]:
+        """The pass's frames in processing order, as `propagate_in_video` orders them."""
+        if self.reverse:  # SAM 2 skips reverse tracking when starting from frame 0
+            return list(range(self.start, -1, -1)) if self.start > 0 else []
+        return list(range(self.start, self.plan.num_frames))
+
+    def chunks(self) -> list[int]:
+        return list(dict.fromkeys(self.plan.chunk_of(f) for f in self.frames()))
+
+    def run(self, owned, quiet: bool) -> None:
+        """Track the pass; write masks for the frames `owned(frame)` gives to this pass."""
+        chunks = self.chunks()
+        ledger = self.store.ledger(self.stage)
+        done = ledger.done()
+        todo = [k for k in chunks if not (k < len(done) and done[k])]
+        if not todo:
+            return
+        resume_from = chunks[chunks.index(todo[0]) - 1] if todo[0] != chunks[0] else None
+        memory = TrackerMemory(self.direction, self.plan.num_frames, self.start, self.start,
+                               [ObjectMemory(i) for i in self.ids])
+        state = new_state(self.predictor, self.plan.num_frames, self.height, self.width,
+                          self.features, self.pos[0])
+        if resume_from is None:
+            apply_prompts(self.predictor, state, self.prompts)
+            for o, obj in enumerate(memory.objects):
+                cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
+                obj.prompted = {t: FrameOutput.from_sam2(out, keep_logits=True)
+                                for t, out in cond.items()}
+            self.memstore.write_prompted(memory)
+        else:
+            self.memstore.read(memory, resume_from, self.predictor.device)
+            memory.next_frame = self.plan.bounds(resume_from)[0] - 1 if self.reverse \
+                else self.plan.bounds(resume_from)[1]
+            for o, i in enumerate(self.ids):
+                self.predictor._obj_id_to_idx(state, i)
+        self.sync_state(state, memory)
+
+        frames_left = sum(1 for f in self.frames() if self.plan.chunk_of(f) in todo)
+        bar = tqdm(total=frames_left, unit="frame", desc=f"track {self.direction}",
+                   disable=quiet, dynamic_ncols=True)
+        for k in todo:
+            self.track_chunk(k, state, memory, owned, bar)
+        bar.close()
+
+    def sync_state(self, state: dict, memory: TrackerMemory) -> None:
+        """Point SAM 2's per-object output dicts at what `memory` holds."""
+        for o, obj in enumerate(memory.objects):
+            state["output_dict_per_obj"][o] = {
+                "cond_frame_outputs": {t: out.as_sam2(self.pos) for t, out in obj.prompted.items()},
+                "non_cond_frame_outputs": {t: out.as_sam2(self.pos) for t, out in obj.recent.items()},
+            }
+
+    @torch.inference_mode()
+    def track_chunk(self, k: int, state: dict, memory: TrackerMemory, owned, bar) -> None:
+        lo, hi = self.plan.bounds(k)
+        frames = [f for f in self.frames() if lo <= f < hi]
+        self.features.load(lo, hi)
+        O = len(memory.objects)
+        masks = np.zeros((hi - lo, O, self.height, self.width), bool)
+        scores = np.full((hi - lo, O), np.nan, np.float32)
+        mine = np.zeros(hi - lo, bool)
+        for f in frames:
+            logits = []
+            for o, obj in enumerate(memory.objects):
+                out_dict = state["output_dict_per_obj"][o]
+                if f in out_dict["cond_frame_outputs"]:
+                    out = out_dict["cond_frame_outputs"][f]
+                    pred = out["pred_masks"]
+                else:
+                    out, pred = self.predictor._run_single_frame_inference(
+                        inference_state=state, output_dict=out_dict, frame_idx=f, batch_size=1,
+                        is_init_cond_frame=False, point_inputs=None, mask_inputs=None,
+                        reverse=self.reverse, run_mem_encoder=True)
+                    out_dict["non_cond_frame_outputs"][f] = out
+                    obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
+                scores[f - lo, o] = out["object_score_logits"].reshape(()).item()
+                logits.append(pred)
+            all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
+            _, video_res = self.predictor._get_orig_video_res_output(state, all_logits)
+            masks[f - lo] = (video_res[:, 0] > 0.0).cpu().numpy()
+            mine[f - lo] = owned(f)
+            memory.next_frame = f + memory.step
+            for o, obj in enumerate(memory.objects):
+                self.reach.prune(obj, memory.next_frame, self.reverse)
+            self.sync_state(state, memory)
+            bar.update(1)
+        self.write(k, lo, masks, scores, mine, memory)
+
+    def write(self, k, lo, masks, scores, mine, memory) -> None:
+        idx = np.nonzero(mine)[0]
+        if len(idx):
+            a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
+            self.store.array("masks")[a:b] = masks[idx[0]:idx[-1] + 1]
+            self.store.array("object_scores")[a:b] = scores[idx[0]:idx[-1] + 1]
+            self.store.array("tracked")[a:b] = True
+        written = self.memstore.write_snapshot(k, memory)
+        self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
+
+
+def owner(direction: str, start: int):
+    """Which pass's result a frame shows: `both` takes reverse before the earliest prompt."""
+    def owned_by(pass_direction):
+        if direction == "both":
+            return (lambda f: f < start) if pass_direction == "reverse" else (lambda f: f >= start)
+        return lambda f: True
+    return owned_by
+
+
+def prepare(store: RunStore, prompts: list, direction: str, quiet: bool) -> None:
+    """Invalidate old tracking when prompts or direction changed, then make the arrays.
+    Order matters for crash safety: ledgers go first, the new settings are recorded last."""
+    T = store.attrs["frame_count"]
+    C = store.attrs["chunk_size"]
+    settings = {"prompts_sha256": prompt_file.digest(prompts), "direction": direction,
+                "object_ids": prompt_file.object_ids(prompts),
+                "start_frame": min(p.frame for p in prompts)}
+    if store.attrs.get("track") != settings:
+        if store.attrs.get("track") is not None:
+            log.info("track: prompts or direction changed; earlier tracking is discarded", quiet)
+        for stage in ("track_forward", "track_reverse"):
+            store.ledger(stage).reset()
+        for name in (*TRACK_ARRAYS, "memory"):
+            store.delete(name)
+        for name in list(store.group.array_keys()):
+            if name.startswith("export"):
+                store.delete(name)
+        O = len(settings["object_ids"])
+        H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
+        store.create_array("masks", (T, O, H, W), (C, O, H, W), "bool", fill_value=False,
+                           attributes={"object_ids": settings["object_ids"]})
+        store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
+        store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
+        store.set_attrs(track=settings)
+
+
+def track(store_path, prompts_path, direction: str = "both", device: str = "auto",
+          checkpoint: str | None = None, quiet: bool = False, predictor=None) -> RunStore:
+    store = RunStore.open(store_path)
+    T = require_decoded(store)
+    if direction not in DIRECTIONS:
+        raise UserError(f"--direction must be one of {', '.join(DIRECTIONS)}")
+    spec = store.attrs.get("model")
+    if spec is None or not store.ledger("encode").count() == ChunkPlan(T, store.attrs["chunk_size"]).num_chunks:
+        raise UserError(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
+    video = store.attrs["video"]
+    prompts = prompt_file.load(prompts_path, T, video["width"], video["height"])
+    seed = spec["weights"].get("random_seed")
+    if seed is None and checkpoint is None:
+        raise UserError("the embeddings were made from a checkpoint: pass the same --checkpoint")
+    weights = resolve_weights(spec["name"], checkpoint, seed)
+    check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"]))
+    if seed is not None:
+        log.warn("random weights: masks from them mean nothing")
+    prepare(store, prompts, direction, quiet)
+    passes = ["forward", "reverse"] if direction == "both" else [direction]
+    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    trackers = None
+    for d in passes:
+        if predictor is None:
+            predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
+        if trackers is None:
+            vision_pos, maskmem_pos = positional_encodings(predictor, store)
+            features = StoredFeatures(store, spec["embedding_dtype"], predictor.device, vision_pos)
+            trackers = True
+        tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos)
+        if not tracker.chunks() or store.ledger(tracker.stage).count() == len(tracker.chunks()):
+            continue
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if predictor.device.type == "cuda" \
+            else torch.autocast("cpu", enabled=False)
+        with autocast:
+            tracker.run(owner(direction, tracker.start)(d), quiet)
+    log.info(f"track: masks for {len(prompt_file.object_ids(prompts))} objects in {store.path}", quiet)
+    return store

@@ -1,0 +1,114 @@
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "data"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import make_sample  # noqa: E402
+
+IMAGE_SIZE = 256
+SEED = 0
+
+
+def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"segpipe {' '.join(map(str, args))} failed:\n{proc.stderr}")
+    return proc
+
+
+def popen_segpipe(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+
+
+def tree_digest(path: Path) -> dict:
+    """Every file under `path` with its content hash: equal digests mean nothing changed."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def tree_mtimes(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.stat().st_mtime_ns for p in sorted(Path(path).rglob("*"))}
+
+
+def assert_user_error(proc, *words):
+    """One-line message naming the problem, non-zero exit, no traceback."""
+    assert proc.returncode != 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w.lower() in lines[0].lower(), (w, lines[0])
+
+
+def wait_for(predicate, proc, timeout=120.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    return False
+
+
+def ledger_count(store: Path, stage: str) -> int:
+    chunks = Path(store) / "ledger" / stage / "c"
+    return len(list(chunks.iterdir())) if chunks.is_dir() else 0
+
+
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory) -> Path:
+    """A 40-frame H.264 clip with three objects, prompted on frames 9, 14 and 20."""
+    out = tmp_path_factory.mktemp("clip")
+    frames, masks = make_sample.make_clip(num_frames=40, width=160, height=120)
+    make_sample.write_video(out / "clip.mp4", frames)
+    make_sample.write_prompts(out, masks, frames=(9, 14, 20))
+    np.save(out / "masks.npy", masks)
+    return out
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory) -> Path:
+    """Seeded random sam2.1_hiera_t weights saved as an official-style checkpoint file."""
+    import torch
+    from pipeline.model import Weights, build_model
+    path = tmp_path_factory.mktemp("ckpt") / "random_sam2.1_hiera_t.pt"
+    predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
+    torch.save({"model": predictor.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def predictor():
+    from pipeline.model import Weights, build_model
+    return build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
+
+
+class EncoderCalls:
+    """Counts image-encoder forward calls on a predictor (the real model, observed)."""
+
+    def __init__(self, predictor):
+        self.count = 0
+        self.handle = predictor.image_encoder.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+    def close(self):
+        self.handle.remove()

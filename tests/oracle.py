@@ -1,0 +1,54 @@
+"""The oracle: SAM 2's own `SAM2VideoPredictor`, tracking the whole video in memory.
+
+It reads the store's decoded frames through SAM 2's own frame loader (the frames are written
+losslessly as PNG data under the `NNNNN.jpg` names that loader lists), gets the same weights
+and the same prompts through SAM 2's public API, and propagates over the whole video.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+from PIL import Image
+
+from pipeline import prompts as prompt_file
+from pipeline.model import Weights, build_model
+
+
+def oracle_masks(store_path, prompts_path, direction: str, model="sam2.1_hiera_t",
+                 weights: Weights | None = None) -> np.ndarray:
+    group = zarr.open_group(str(store_path), mode="r")
+    attrs = group.attrs
+    frames = group["frames"][...]
+    T, H, W = attrs["frame_count"], attrs["video"]["height"], attrs["video"]["width"]
+    prompts = prompt_file.load(prompts_path, T, W, H)
+    ids = prompt_file.object_ids(prompts)
+    predictor = build_model(model, attrs["image_size"],
+                            weights or Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
+    masks = np.zeros((T, len(ids), H, W), bool)
+    passes = {"forward": [False], "reverse": [True], "both": [False, True]}[direction]
+    start = min(p.frame for p in prompts)
+    with tempfile.TemporaryDirectory() as tmp:
+        for t, frame in enumerate(frames):
+            Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
+        for reverse in passes:
+            state = predictor.init_state(video_path=tmp)
+            state["video_height"], state["video_width"] = H, W  # the original video's size
+            for p in prompts:
+                if p.mask is not None:
+                    predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
+                else:
+                    predictor.add_new_points_or_box(
+                        state, p.frame, p.object_id, points=p.points and np.array(p.points, np.float32),
+                        labels=p.labels and np.array(p.labels, np.int32),
+                        box=p.box and np.array(p.box, np.float32))
+            with torch.inference_mode():
+                for t, obj_ids, video_res in predictor.propagate_in_video(state, reverse=reverse):
+                    if direction == "both" and (t < start) != reverse:
+                        continue
+                    assert list(obj_ids) == ids
+                    masks[t] = (video_res[:, 0] > 0.0).numpy()
+    return masks

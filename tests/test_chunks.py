@@ -1,0 +1,41 @@
+import pytest
+
+from pipeline.chunks import ChunkPlan
+
+
+def frames_of(plan):
+    return [list(range(*plan.bounds(k))) for k in plan]
+
+
+def test_fewer_frames_than_a_chunk():
+    plan = ChunkPlan(5, 32)
+    assert plan.num_chunks == 1 and plan.bounds(0) == (0, 5)
+
+
+def test_exact_multiple():
+    plan = ChunkPlan(96, 32)
+    assert plan.num_chunks == 3 and plan.bounds(2) == (64, 96)
+
+
+def test_one_frame_over_a_multiple():
+    plan = ChunkPlan(97, 32)
+    assert plan.num_chunks == 4 and plan.bounds(3) == (96, 97)
+    assert plan.chunk_of(96) == 3 and plan.chunk_of(95) == 2
+
+
+def test_chunk_size_one():
+    plan = ChunkPlan(4, 1)
+    assert frames_of(plan) == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("T,C", [(5, 32), (96, 32), (97, 32), (4, 1), (0, 3)])
+def test_chunks_cover_every_frame_once(T, C):
+    plan = ChunkPlan(T, C)
+    assert sum(frames_of(plan), []) == list(range(T))
+
+
+def test_bad_plans():
+    with pytest.raises(ValueError):
+        ChunkPlan(10, 0)
+    with pytest.raises(IndexError):
+        ChunkPlan(10, 4).bounds(3)
