@@ -32,3 +32,16 @@ class ChunkPlan:
 
     def __iter__(self):
         return iter(range(self.num_chunks))
+
+
+def pass_frames(direction: str, start: int, num_frames: int) -> list[int]:
+    """A tracking pass's frames in processing order, as SAM 2's `propagate_in_video` orders
+    them from the earliest prompted frame `start`."""
+    if direction == "reverse":  # SAM 2 skips reverse tracking when starting from frame 0
+        return list(range(start, -1, -1)) if start > 0 else []
+    return list(range(start, num_frames))
+
+
+def pass_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
+    """The chunks a tracking pass visits, in its order."""
+    return list(dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames)))

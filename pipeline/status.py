@@ -1,7 +1,7 @@
 """`segpipe status`: per stage, chunks done / total; per array, bytes on disk."""
 from __future__ import annotations
 
-from .chunks import ChunkPlan
+from .chunks import ChunkPlan, pass_chunks
 from .store import RunStore
 
 
@@ -19,9 +19,8 @@ def describe(store_path) -> dict:
         passes = {"forward": ["forward"], "reverse": ["reverse"],
                   "both": ["forward", "reverse"]}[track["direction"]]
         for d in passes:
-            first = ChunkPlan(T, C).chunk_of(start)
-            n = (total - first) if d == "forward" else (first + 1 if start > 0 else 0)
-            stages[f"track_{d}"] = {"done": store.ledger(f"track_{d}").count(), "total": n}
+            stages[f"track_{d}"] = {"done": store.ledger(f"track_{d}").count(),
+                                    "total": len(pass_chunks(ChunkPlan(T, C), d, start))}
     warnings = []
     weights = (attrs.get("model") or {}).get("weights", {})
     if "random_seed" in weights:

@@ -10,6 +10,8 @@ predictor tracking the whole video in memory.
 """
 from __future__ import annotations
 
+import importlib.util
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -18,7 +20,7 @@ from tqdm import tqdm
 
 from pipeline import log
 from pipeline import prompts as prompt_file
-from pipeline.chunks import ChunkPlan
+from pipeline.chunks import ChunkPlan, pass_chunks, pass_frames
 from pipeline.errors import UserError
 from pipeline.model import build_model, pick_device, resolve_weights
 from pipeline.store import RunStore
@@ -120,13 +122,10 @@ class Tracker:
         self.stage = f"track_{direction}"
 
     def frames(self) -> list[int]:
-        """The pass's frames in processing order, as `propagate_in_video` orders them."""
-        if self.reverse:  # SAM 2 skips reverse tracking when starting from frame 0
-            return list(range(self.start, -1, -1)) if self.start > 0 else []
-        return list(range(self.start, self.plan.num_frames))
+        return pass_frames(self.direction, self.start, self.plan.num_frames)
 
     def chunks(self) -> list[int]:
-        return list(dict.fromkeys(self.plan.chunk_of(f) for f in self.frames()))
+        return pass_chunks(self.plan, self.direction, self.start)
 
     def run(self, owned, quiet: bool) -> None:
         """Track the pass; write masks for the frames `owned(frame)` gives to this pass."""
@@ -260,8 +259,9 @@ def track(store_path, prompts_path, direction: str = "both", device: str = "auto
     T = require_decoded(store)
     if direction not in DIRECTIONS:
         raise UserError(f"--direction must be one of {', '.join(DIRECTIONS)}")
+    plan = ChunkPlan(T, store.attrs["chunk_size"])
     spec = store.attrs.get("model")
-    if spec is None or not store.ledger("encode").count() == ChunkPlan(T, store.attrs["chunk_size"]).num_chunks:
+    if spec is None or store.ledger("encode").count() < plan.num_chunks:
         raise UserError(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
     prompts = prompt_file.load(prompts_path, T, video["width"], video["height"])
@@ -273,22 +273,26 @@ def track(store_path, prompts_path, direction: str = "both", device: str = "auto
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     prepare(store, prompts, direction, quiet)
+    start = min(p.frame for p in prompts)
     passes = ["forward", "reverse"] if direction == "both" else [direction]
-    plan = ChunkPlan(T, store.attrs["chunk_size"])
-    trackers = None
-    for d in passes:
-        if predictor is None:
-            predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
-        if trackers is None:
-            vision_pos, maskmem_pos = positional_encodings(predictor, store)
-            features = StoredFeatures(store, spec["embedding_dtype"], predictor.device, vision_pos)
-            trackers = True
+    pending = [d for d in passes
+               if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, start))]
+    if not pending:
+        log.info("track: already complete", quiet)
+        return store
+    if predictor is None:
+        predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
+    vision_pos, maskmem_pos = positional_encodings(predictor, store)
+    features = StoredFeatures(store, spec["embedding_dtype"], predictor.device, vision_pos)
+    # SAM 2's video predictor runs under bfloat16 autocast on CUDA; plain float32 elsewhere.
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=predictor.device.type == "cuda")
+    for d in pending:
         tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos)
-        if not tracker.chunks() or store.ledger(tracker.stage).count() == len(tracker.chunks()):
-            continue
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if predictor.device.type == "cuda" \
-            else torch.autocast("cpu", enabled=False)
-        with autocast:
-            tracker.run(owner(direction, tracker.start)(d), quiet)
+        with autocast, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
+            tracker.run(owner(direction, start)(d), quiet)
+    if importlib.util.find_spec("sam2._C") is None:
+        log.info("note: sam2 has no _C extension here, so small-hole filling was skipped "
+                 "(as SAM 2's own predictor does)", quiet)
     log.info(f"track: masks for {len(prompt_file.object_ids(prompts))} objects in {store.path}", quiet)
     return store

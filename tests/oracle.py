@@ -18,23 +18,23 @@ from pipeline import prompts as prompt_file
 from pipeline.model import Weights, build_model
 
 
-def oracle_masks(store_path, prompts_path, direction: str, model="sam2.1_hiera_t",
-                 weights: Weights | None = None) -> np.ndarray:
+def oracle_masks(store_path, prompts_path, predictor=None) -> dict[str, np.ndarray]:
+    """Masks (T, O, H, W) per direction: "forward" and "reverse" each from a fresh state with
+    all prompts added up front, and "both" (reverse before the earliest prompt, forward on)."""
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs
     frames = group["frames"][...]
     T, H, W = attrs["frame_count"], attrs["video"]["height"], attrs["video"]["width"]
     prompts = prompt_file.load(prompts_path, T, W, H)
     ids = prompt_file.object_ids(prompts)
-    predictor = build_model(model, attrs["image_size"],
-                            weights or Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
-    masks = np.zeros((T, len(ids), H, W), bool)
-    passes = {"forward": [False], "reverse": [True], "both": [False, True]}[direction]
-    start = min(p.frame for p in prompts)
+    if predictor is None:
+        predictor = build_model("sam2.1_hiera_t", attrs["image_size"],
+                                Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
+    result = {}
     with tempfile.TemporaryDirectory() as tmp:
         for t, frame in enumerate(frames):
             Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
-        for reverse in passes:
+        for direction in ("forward", "reverse"):
             state = predictor.init_state(video_path=tmp)
             state["video_height"], state["video_width"] = H, W  # the original video's size
             for p in prompts:
@@ -42,13 +42,17 @@ def oracle_masks(store_path, prompts_path, direction: str, model="sam2.1_hiera_t
                     predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
                 else:
                     predictor.add_new_points_or_box(
-                        state, p.frame, p.object_id, points=p.points and np.array(p.points, np.float32),
-                        labels=p.labels and np.array(p.labels, np.int32),
-                        box=p.box and np.array(p.box, np.float32))
+                        state, p.frame, p.object_id,
+                        points=None if p.points is None else np.array(p.points, np.float32),
+                        labels=None if p.labels is None else np.array(p.labels, np.int32),
+                        box=None if p.box is None else np.array(p.box, np.float32))
+            masks = np.zeros((T, len(ids), H, W), bool)
             with torch.inference_mode():
-                for t, obj_ids, video_res in predictor.propagate_in_video(state, reverse=reverse):
-                    if direction == "both" and (t < start) != reverse:
-                        continue
+                for t, obj_ids, video_res in predictor.propagate_in_video(
+                        state, reverse=direction == "reverse"):
                     assert list(obj_ids) == ids
                     masks[t] = (video_res[:, 0] > 0.0).numpy()
-    return masks
+            result[direction] = masks
+    start = min(p.frame for p in prompts)
+    result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
+    return result

@@ -1,0 +1,139 @@
+import signal
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
+                      segpipe, tree_digest, wait_for)
+from stages.encode import LEVELS, encode, from_storage, preprocess
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory, clip_dir):
+    store = tmp_path_factory.mktemp("enc") / "decoded.zarr"
+    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 8,
+            "--image-size", IMAGE_SIZE, check=True)
+    return store
+
+
+def copy_store(src, dst):
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def reference_features(predictor, frames):
+    """SAM 2's predictor on each frame alone, as `_get_image_feature` calls it."""
+    out = [[], [], []]
+    with torch.inference_mode():
+        for f in frames:
+            backbone = predictor.forward_image(preprocess(f[None]))
+            for level, feats in enumerate(backbone["backbone_fpn"]):
+                out[level].append(feats)
+    return [torch.cat(level) for level in out]
+
+
+def test_preprocessing_matches_sam2_frame_loader(decoded, tmp_path):
+    from PIL import Image
+    from sam2.utils.misc import load_video_frames
+    frames = zarr.open_group(str(decoded), mode="r")["frames"][:3]
+    for t, f in enumerate(frames):
+        Image.fromarray(f).save(tmp_path / f"{t:05d}.jpg", format="PNG")  # lossless, SAM 2's names
+    images, _, _ = load_video_frames(str(tmp_path), IMAGE_SIZE, offload_video_to_cpu=True)
+    ours = preprocess(frames)
+    assert torch.equal(images, ours) and ours.stride() == images.stride()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_features_equal_sam2_forward_image(decoded, tmp_path, predictor, dtype):
+    store = copy_store(decoded, tmp_path / "s.zarr")
+    encode(store, random_seed=0, embedding_dtype=dtype, batch_size=3, quiet=True,
+           predictor=predictor)
+    group = zarr.open_group(str(store), mode="r")
+    ref = reference_features(predictor, group["frames"][...])
+    torch_dtype = getattr(torch, dtype)
+    for name, expected in zip(LEVELS, ref):
+        stored = from_storage(group[name][...], dtype)
+        # float32: exact; float16 / bfloat16: the float32 feature rounded once to the dtype
+        assert torch.equal(stored, expected.to(torch_dtype).to(torch.float32)), name
+        if dtype != "float32":
+            ulp = torch.finfo(torch_dtype).eps * expected.abs().clamp_min(torch.finfo(torch_dtype).tiny)
+            assert ((stored - expected).abs() <= ulp).all()
+
+
+def test_checkpoint_file_gives_the_random_weights_features(decoded, tmp_path, checkpoint):
+    a = copy_store(decoded, tmp_path / "a.zarr")
+    b = copy_store(decoded, tmp_path / "b.zarr")
+    segpipe("encode", "--store", a, "--random-weights", 0, "--quiet", check=True)
+    segpipe("encode", "--store", b, "--checkpoint", checkpoint, "--quiet", check=True)
+    ga, gb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
+    for name in LEVELS:
+        assert np.array_equal(ga[name][...], gb[name][...])
+    assert len(gb.attrs["model"]["weights"]["checkpoint_sha256"]) == 64
+
+
+def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
+    ref = copy_store(decoded, tmp_path / "ref.zarr")
+    store = copy_store(decoded, tmp_path / "killed.zarr")
+    segpipe("encode", "--store", ref, "--random-weights", 0, "--quiet", check=True)
+    proc = popen_segpipe("encode", "--store", store, "--random-weights", 0)
+    assert wait_for(lambda: ledger_count(store, "encode") >= 2, proc), "encode ended before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ledger_count(store, "encode") < 5
+    segpipe("encode", "--store", store, "--random-weights", 0, "--quiet", check=True)
+    ga, gb = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(store), mode="r")
+    for name in LEVELS:
+        assert np.array_equal(ga[name][...], gb[name][...]), name
+
+    calls = EncoderCalls(predictor)
+    before = tree_digest(store)
+    encode(store, random_seed=0, quiet=True, predictor=predictor)
+    calls.close()
+    assert calls.count == 0 and tree_digest(store) == before
+
+
+@pytest.fixture(scope="module")
+def encoded(decoded, tmp_path_factory):
+    store = copy_store(decoded, tmp_path_factory.mktemp("encoded") / "s.zarr")
+    segpipe("encode", "--store", store, "--random-weights", 0, "--quiet", check=True)
+    return store
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--model", "sam2.1_hiera_s", "--random-weights", "0"], ["model name"]),
+    (["--random-weights", "1"], ["model weights"]),
+    (["--random-weights", "0", "--embedding-dtype", "bfloat16"], ["embedding_dtype"]),
+])
+def test_mismatched_model_is_refused(encoded, args, words):
+    before = tree_digest(encoded)
+    assert_user_error(segpipe("encode", "--store", encoded, *args), *words)
+    assert tree_digest(encoded) == before
+
+
+def test_mismatched_image_size_is_refused(encoded, clip_dir):
+    before = tree_digest(encoded)
+    proc = segpipe("run", clip_dir / "clip.mp4", "--store", encoded, "--image-size", 512,
+                   "--random-weights", 0)
+    assert_user_error(proc, "image_size")
+    assert tree_digest(encoded) == before
+
+
+def test_no_weights_says_which_checkpoint_to_download(decoded):
+    proc = segpipe("encode", "--store", decoded, "--model", "sam2.1_hiera_s")
+    assert_user_error(proc, "sam2.1_hiera_small.pt", "--checkpoint")
+
+
+def test_hf_checkpoint_offline_and_uncached_fails_clearly(decoded, tmp_path):
+    before = tree_digest(decoded)
+    proc = segpipe("encode", "--store", decoded, "--checkpoint", "hf:facebook/sam2.1-hiera-tiny",
+                   env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert_user_error(proc, "hf:facebook/sam2.1-hiera-tiny", "cache")
+    assert tree_digest(decoded) == before
+
+
+def test_random_weights_warning_in_status(encoded):
+    proc = segpipe("status", "--store", encoded, check=True)
+    assert "random weights" in proc.stdout
