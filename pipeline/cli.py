@@ -107,6 +107,27 @@ def track(store, prompts, direction, checkpoint, device, quiet):
 
 
 @cli.command(context_settings=CONTEXT)
+@STORE
+@click.option("--format", "fmt", required=True, type=click.Choice(["davis", "vis-json", "overlay"]),
+              help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Output folder (davis) or file (vis-json, overlay).")
+@click.option("--frames", default=None, metavar="A:B", help="Only frames A..B-1.  [default: all]")
+@click.option("--objects", default=None, metavar="ID,ID", help="Only these object ids.  [default: all]")
+@QUIET
+def export(store, fmt, out, frames, objects, quiet):
+    """Export the tracked masks in a standard format.
+
+    \b
+    Example:
+      segpipe export --store clip.zarr --format davis --out clip_davis/
+      segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
+    """
+    from stages.export import export as run_export
+    run_export(store, fmt, out, frames, objects, quiet)
+
+
+@cli.command(context_settings=CONTEXT)
 @click.argument("video", type=click.Path(path_type=Path))
 @STORE
 @click.option("--prompts", "prompts", default=None, type=click.Path(path_type=Path),
@@ -114,24 +135,36 @@ def track(store, prompts, direction, checkpoint, device, quiet):
 @decode_options
 @encode_options
 @DIRECTION
+@click.option("--export", "exports", default="davis,vis-json,overlay",
+              help="Export formats after tracking (comma list, or 'none'), into STORE's "
+                   "sibling folder <store name>.export/.")
 @DEVICE
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random_seed,
-        batch_size, embedding_dtype, direction, device, quiet):
+        batch_size, embedding_dtype, direction, exports, device, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
     \b
     Example:
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
-          --image-size 256 --chunk-size 16
+          --image-size 256 --chunk-size 16 --export davis,overlay
     """
     from stages.decode import decode as run_decode
     from stages.encode import encode as run_encode
+    from stages.export import FORMATS, OUTPUT_NAMES, export as run_export
     from stages.track import track as run_track
+    formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise UserError(f"--export: unknown format {fmt!r}; choose from {', '.join(FORMATS)} or none")
     run_decode(video, store, chunk_size, image_size, quiet)
     run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype, quiet)
-    if prompts is not None:
-        run_track(store, prompts, direction, device, checkpoint, quiet)
+    if prompts is None:
+        return
+    run_track(store, prompts, direction, device, checkpoint, quiet)
+    folder = store.with_name(store.name.removesuffix(".zarr") + ".export")
+    for fmt in formats:
+        run_export(store, fmt, folder / OUTPUT_NAMES[fmt], quiet=quiet)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -40,6 +40,22 @@ def fsync_path(path: Path) -> None:
         _fsync_one(path, os.O_RDONLY)
 
 
+def fsync_path_dir(path: Path) -> None:
+    """fsync one directory entry list (after a rename into it), not its contents."""
+    _fsync_one(Path(path), os.O_RDONLY)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a file so that it exists complete or not at all."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def _fsync_one(path: Path, flags: int) -> None:
     fd = os.open(path, flags)
     try:
@@ -164,12 +180,16 @@ class RunStore:
         """Make a whole (small) array durable."""
         fsync_path(self.path / name)
 
-    def commit(self, stage: str, chunk: int, arrays: list[str]) -> None:
-        """Make chunk `chunk` of `arrays` durable, then record it done for `stage`: the
-        done-record is written last, so a crash at any point loses at most this chunk."""
+    def commit(self, stage: str, chunk: int, arrays: list[str] = (), files: list[Path] = ()) -> None:
+        """Make chunk `chunk` of `arrays` (and any output `files`) durable, then record it done
+        for `stage`: the done-record is written last, so a crash loses at most this chunk."""
         for name in arrays:
             fsync_path(self.path / name / "zarr.json")
             fsync_path(self.path / name / "c" / str(chunk))
+        for path in files:
+            fsync_path(path)
+        for folder in {Path(p).parent for p in files}:
+            fsync_path_dir(folder)
         self.ledger(stage).mark_done(chunk)
 
 

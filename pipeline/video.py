@@ -16,12 +16,14 @@ class VideoInfo:
     width: int
     height: int
     fps: float
+    frame_rate: str  # exact, as a fraction ("30000/1001")
     time_base: str
     claimed_frames: int  # what the container says; the truth is what decodes
 
     def as_attrs(self) -> dict:
         return {"width": self.width, "height": self.height, "fps": self.fps,
-                "time_base": self.time_base, "claimed_frames": self.claimed_frames}
+                "frame_rate": self.frame_rate, "time_base": self.time_base,
+                "claimed_frames": self.claimed_frames}
 
 
 def open_video(path: Path):
@@ -54,7 +56,8 @@ def probe(path: Path) -> VideoInfo:
             int(round(float(stream.duration * stream.time_base) * float(rate)))
             if stream.duration and rate else 0
         )
-        return VideoInfo(first.width, first.height, float(rate), str(stream.time_base), claimed)
+        return VideoInfo(first.width, first.height, float(rate), str(rate), str(stream.time_base),
+                         claimed)
     finally:
         container.close()
 

@@ -1,0 +1,353 @@
+"""Export stage: masks out of the store into DAVIS PNGs, YouTube-VIS JSON or an overlay video.
+
+Streamed chunk by chunk and resumable: every chunk's files are written atomically and fsynced
+before the chunk's ledger entry; formats that end in one file (vis-json, overlay) assemble it
+from per-chunk parts at the end, write it atomically, and then drop the parts.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image, ImageDraw
+
+from pipeline import log
+from pipeline.chunks import ChunkPlan, pass_chunks
+from pipeline.errors import UserError
+from pipeline.store import RunStore, atomic_write, file_identity, fsync_path
+from pipeline.video import iter_frames
+
+FORMATS = ("davis", "vis-json", "overlay")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every writer needs: where, which objects and frames, and the video."""
+    out: Path
+    ids: list[int]
+    frames: tuple[int, int]
+    video: dict
+    source: Path
+    pts: object  # the store's `pts` array, to seek the source for overlay
+
+
+def davis_palette() -> list[int]:
+    """The DAVIS / PASCAL VOC palette: index i's colour from the bits of i."""
+    palette = []
+    for i in range(256):
+        r = g = b = 0
+        c = i
+        for j in range(8):
+            r |= ((c >> 0) & 1) << (7 - j)
+            g |= ((c >> 1) & 1) << (7 - j)
+            b |= ((c >> 2) & 1) << (7 - j)
+            c >>= 3
+        palette += [r, g, b]
+    return palette
+
+
+def compose(masks: np.ndarray, ids: list[int]) -> np.ndarray:
+    """(O, H, W) bool -> (H, W) uint8 of object ids; where objects overlap the lowest id wins,
+    as SAM 2's tools/vos_inference.py composes them (highest id painted first)."""
+    out = np.zeros(masks.shape[1:], np.uint8)
+    for slot in sorted(range(len(ids)), key=lambda s: ids[s], reverse=True):
+        out[masks[slot]] = ids[slot]
+    return out
+
+
+def parse_frames(spec: str | None, T: int) -> tuple[int, int]:
+    if spec is None:
+        return 0, T
+    try:
+        a, b = (part.strip() for part in spec.split(":"))
+        a, b = int(a) if a else 0, int(b) if b else T
+    except ValueError:
+        raise UserError(f"--frames must be A:B (e.g. 0:100), got {spec!r}") from None
+    if not 0 <= a < b <= T:
+        raise UserError(f"--frames {spec} is not a range inside the video's frames 0:{T}")
+    return a, b
+
+
+def parse_objects(spec: str | None, ids: list[int]) -> list[int]:
+    """Slots of the chosen objects, in slot order."""
+    if spec is None:
+        return list(range(len(ids)))
+    try:
+        wanted = [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--objects must be ids separated by commas, got {spec!r}") from None
+    unknown = [v for v in wanted if v not in ids]
+    if unknown or not wanted:
+        raise UserError(f"--objects: unknown object id {unknown[0] if unknown else spec!r}; "
+                        f"the store tracks {', '.join(map(str, ids))}")
+    return [s for s, i in enumerate(ids) if i in wanted]
+
+
+class DavisWriter:
+    """One indexed PNG per frame, 00000.png ..., DAVIS palette, pixel value = object id."""
+
+    def __init__(self, job: Job):
+        if any(not 1 <= i <= 255 for i in job.ids):
+            raise UserError(f"davis PNGs hold object ids 1..255; this store has {job.ids}")
+        self.out, self.ids, self.palette = job.out, job.ids, davis_palette()
+
+    def start(self):
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def chunk(self, k, lo, masks) -> list[Path]:
+        files = []
+        for i, frame_masks in enumerate(masks):
+            ids = compose(frame_masks, self.ids)
+            img = Image.frombytes("P", (ids.shape[1], ids.shape[0]), ids.tobytes())
+            img.putpalette(self.palette)
+            path = self.out / f"{lo + i:05d}.png"
+            atomic_write(path, _png_bytes(img))
+            files.append(path)
+        return files
+
+    def finish(self, chunks):
+        pass
+
+
+class VisJsonWriter:
+    """YouTube-VIS layout: one annotation per object with COCO RLE per frame (null if absent)."""
+
+    def __init__(self, job: Job):
+        self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
+        self.parts = job.out.with_name(f".{job.out.name}.parts")
+
+    def start(self):
+        self.parts.mkdir(parents=True, exist_ok=True)
+
+    def chunk(self, k, lo, masks) -> list[Path]:
+        from pycocotools import mask as mask_util
+        part = {str(i): {"segmentations": [], "areas": [], "bboxes": []} for i in self.ids}
+        for frame_masks in masks:
+            for slot, obj in enumerate(self.ids):
+                m = frame_masks[slot]
+                entry = part[str(obj)]
+                if not m.any():
+                    entry["segmentations"].append(None)
+                    entry["areas"].append(None)
+                    entry["bboxes"].append(None)
+                    continue
+                rle = mask_util.encode(np.asfortranarray(m.astype(np.uint8)))
+                entry["segmentations"].append({"size": rle["size"], "counts": rle["counts"].decode()})
+                entry["areas"].append(int(m.sum()))
+                entry["bboxes"].append([float(v) for v in mask_util.toBbox(rle)])
+        path = self.parts / f"{k:06d}.json"
+        atomic_write(path, json.dumps(part).encode())
+        return [path]
+
+    def finish(self, chunks):
+        """Assemble the parts into one JSON, one object at a time (bounded memory)."""
+        length = self.frames[1] - self.frames[0]
+        W, H = self.video["width"], self.video["height"]
+        tmp = self.out.with_name(f".{self.out.name}.tmp")
+        with open(tmp, "w") as f:
+            f.write('{"info": {"description": "segpipe export"}, "videos": ')
+            f.write(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
+                                 "file_names": [f"{t:05d}.jpg" for t in range(*self.frames)]}]))
+            f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
+            f.write(', "annotations": [')
+            for n, obj in enumerate(self.ids):
+                series = {"segmentations": [], "areas": [], "bboxes": []}
+                for k in chunks:
+                    part = json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)]
+                    for key in series:
+                        series[key] += part[key]
+                f.write(("," if n else "") + json.dumps({
+                    "id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1, "iscrowd": 0,
+                    "height": H, "width": W, "length": length, **series}))
+            f.write("]}\n")
+            f.flush()
+        fsync_path(tmp)
+        tmp.replace(self.out)
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+
+class OverlayWriter:
+    """H.264 MP4 of the source video with translucent colours, outlines and object ids."""
+
+    ALPHA = 0.5
+
+    def __init__(self, job: Job):
+        self.out, self.ids, self.video, self.source = job.out, job.ids, job.video, job.source
+        self.pts = job.pts
+        self.parts = job.out.with_name(f".{job.out.name}.parts")
+        palette = davis_palette()
+        self.colours = {i: np.array(palette[3 * (i % 255 or 1): 3 * (i % 255 or 1) + 3], np.float32)
+                        for i in job.ids}
+
+    def start(self):
+        self.parts.mkdir(parents=True, exist_ok=True)
+
+    def chunk(self, k, lo, masks) -> list[Path]:
+        before = int(self.pts[lo - 1]) if lo > 0 else -1  # resume the source after frame lo-1
+        frames = iter_frames(self.source, after_pts=before if before >= 0 else None,
+                             skip=lo if lo > 0 and before < 0 else 0)
+        path = self.parts / f"{k:06d}.mp4"
+        tmp = self.parts / f".{k:06d}.tmp.mp4"
+        with av.open(str(tmp), "w") as out:
+            stream = self._stream(out)
+            for frame_masks, (_, _, frame) in zip(masks, frames):
+                img = self.draw(frame.to_ndarray(format="rgb24"), frame_masks)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+        fsync_path(tmp)
+        tmp.replace(path)
+        return [path]
+
+    def _stream(self, out):
+        stream = out.add_stream("libx264", rate=Fraction(self.video["frame_rate"]))
+        stream.width, stream.height = self.video["width"], self.video["height"]
+        even = stream.width % 2 == 0 and stream.height % 2 == 0
+        stream.pix_fmt = "yuv420p" if even else "yuv444p"
+        # no B-frames: segments then concatenate with monotonic timestamps
+        stream.options = {"crf": "18", "preset": "veryfast", "bf": "0", "threads": "1"}
+        return stream
+
+    def draw(self, rgb: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        img = rgb.astype(np.float32)
+        for slot, obj in enumerate(self.ids):
+            m = masks[slot]
+            if m.any():
+                img[m] = (1 - self.ALPHA) * img[m] + self.ALPHA * self.colours[obj]
+        for slot, obj in enumerate(self.ids):
+            m = masks[slot]
+            if m.any():
+                img[m & ~_erode(m)] = self.colours[obj]
+        out = Image.fromarray(img.round().clip(0, 255).astype(np.uint8))
+        draw = ImageDraw.Draw(out)
+        for slot, obj in enumerate(self.ids):
+            ys, xs = np.nonzero(masks[slot])
+            if len(xs):
+                x, y = int(xs.mean()), int(ys.mean())
+                draw.text((x, y), str(obj), fill=(255, 255, 255), stroke_width=1,
+                          stroke_fill=(0, 0, 0), anchor="mm")
+        return np.asarray(out)
+
+    def finish(self, chunks):
+        """Concatenate the chunk segments by remuxing (no re-encode)."""
+        tmp = self.out.with_name(f".{self.out.name}.tmp.mp4")
+        with av.open(str(tmp), "w", options={"movflags": "+faststart"}) as out:
+            ostream, offset = None, 0
+            for k in chunks:
+                with av.open(str(self.parts / f"{k:06d}.mp4")) as seg:
+                    istream = seg.streams.video[0]
+                    if ostream is None:
+                        ostream = out.add_stream_from_template(istream)
+                    last = offset
+                    for packet in seg.demux(istream):
+                        if packet.dts is None:
+                            continue
+                        packet.pts += offset
+                        packet.dts += offset
+                        last = max(last, packet.pts + (packet.duration or 0))
+                        packet.stream = ostream
+                        out.mux(packet)
+                    offset = last
+        fsync_path(tmp)
+        tmp.replace(self.out)
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+
+WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
+OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4"}
+
+
+def _erode(m: np.ndarray) -> np.ndarray:
+    inner = m.copy()
+    inner[1:] &= m[:-1]
+    inner[:-1] &= m[1:]
+    inner[:, 1:] &= m[:, :-1]
+    inner[:, :-1] &= m[:, 1:]
+    return inner
+
+
+def _png_bytes(img: Image.Image) -> bytes:
+    import io
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def check_source(store: RunStore, source: Path) -> None:
+    """The overlay re-decodes the original file: it must still be the same video."""
+    if not source.is_file():
+        raise UserError(f"overlay re-decodes the source video, which is gone: {source}")
+    if file_identity(source)["sha256"] != store.attrs["source"]["sha256"]:
+        raise UserError(f"source video {source} changed since it was decoded; overlay refused")
+
+
+def require_tracked(store: RunStore) -> dict:
+    settings = store.attrs.get("track")
+    T = store.attrs.get("frame_count")
+    if settings is None:
+        raise UserError(f"store {store.path} has no tracking results yet (run `segpipe track`)")
+    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    passes = ["forward", "reverse"] if settings["direction"] == "both" else [settings["direction"]]
+    for d in passes:
+        if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, settings["start_frame"])):
+            raise UserError(f"store {store.path}: tracking is not finished (run `segpipe track`)")
+    return settings
+
+
+def export(store_path, fmt: str, out, frames: str | None = None, objects: str | None = None,
+           quiet: bool = False) -> Path:
+    from tqdm import tqdm
+    store = RunStore.open(store_path)
+    if fmt not in FORMATS:
+        raise UserError(f"--format must be one of {', '.join(FORMATS)}")
+    track = require_tracked(store)
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    all_ids = track["object_ids"]
+    a, b = parse_frames(frames, T)
+    slots = parse_objects(objects, all_ids)
+    ids = [all_ids[s] for s in slots]
+    out = Path(out).resolve()
+    source = Path(store.attrs["source"]["path"])
+    if fmt == "overlay":
+        check_source(store, source)
+    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store.array("pts")))
+    stage = f"export_{fmt}"
+    settings = {"out": str(out), "frames": [a, b], "objects": ids,
+                "track": track["prompts_sha256"], "direction": track["direction"]}
+    exports = store.attrs.get("exports", {})
+    record = exports.get(fmt, {})
+    if {k: record.get(k) for k in settings} != settings:
+        store.ledger(stage).reset()
+        exports[fmt] = {**settings, "complete": False}
+        store.set_attrs(exports=exports)
+    elif record.get("complete") and out.exists():
+        log.info(f"export {fmt}: already complete ({out})", quiet)
+        return out
+    plan = ChunkPlan(T, C)
+    chunks = list(range(plan.chunk_of(a), plan.chunk_of(b - 1) + 1))
+    done = store.ledger(stage).done()
+    todo = [k for k in chunks if not (k < len(done) and done[k])]
+    writer.start()
+    masks_arr = store.array("masks")
+    bar = tqdm(total=b - a, unit="frame", desc=f"export {fmt}", disable=quiet, dynamic_ncols=True)
+    bar.update(sum(min(plan.bounds(k)[1], b) - max(plan.bounds(k)[0], a) for k in chunks if k not in todo))
+    for k in todo:
+        lo, hi = plan.bounds(k)
+        lo, hi = max(lo, a), min(hi, b)
+        masks = masks_arr[lo:hi][:, slots]
+        files = writer.chunk(k, lo, masks)
+        store.commit(stage, k, files=files)
+        bar.update(hi - lo)
+    bar.close()
+    writer.finish(chunks)
+    exports = store.attrs.get("exports", {})
+    exports[fmt]["complete"] = True
+    store.set_attrs(exports=exports)
+    log.info(f"export {fmt}: {out}", quiet)
+    return out

@@ -1,0 +1,189 @@
+import json
+import random
+import signal
+import time
+
+import av
+import numpy as np
+import pytest
+import zarr
+from PIL import Image
+
+from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
+                      tree_digest, wait_for)
+from stages.encode import encode
+from stages.export import compose, davis_palette
+from stages.track import track
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, clip_dir, predictor):
+    store = tmp_path_factory.mktemp("export") / "s.zarr"
+    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 2,
+            "--image-size", IMAGE_SIZE, "--quiet", check=True)
+    encode(store, random_seed=0, quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", quiet=True, predictor=predictor)
+    return store
+
+
+@pytest.fixture(scope="module")
+def gt_store(tracked, clip_dir, tmp_path_factory):
+    """The tracked store with its masks replaced by the clip's ground truth: random weights
+    give blobs, and the overlay check wants objects with a clear inside and outside."""
+    import shutil
+    store = shutil.copytree(tracked, tmp_path_factory.mktemp("gt") / "gt.zarr")
+    zarr.open_group(str(store), mode="r+")["masks"][...] = np.load(clip_dir / "masks.npy")
+    return store
+
+
+def stored(store):
+    group = zarr.open_group(str(store), mode="r")
+    return group["masks"][...], group["masks"].attrs["object_ids"]
+
+
+def test_overlaps_go_to_the_lowest_id():
+    masks = np.zeros((3, 2, 2), bool)
+    masks[:, 0, 0] = True  # all three objects claim this pixel
+    masks[0, 1, 1] = masks[2, 1, 1] = True
+    assert compose(masks, [5, 2, 9]).tolist() == [[2, 0], [0, 5]]
+
+
+def test_davis_pngs_equal_composed_masks(tracked, tmp_path):
+    out = tmp_path / "davis"
+    segpipe("export", "--store", tracked, "--format", "davis", "--out", out, check=True)
+    masks, ids = stored(tracked)
+    files = sorted(out.iterdir())
+    assert [f.name for f in files] == [f"{t:05d}.png" for t in range(len(masks))]
+    for t, f in enumerate(files):
+        img = Image.open(f)
+        assert img.mode == "P" and img.getpalette()[:3 * 256] == davis_palette()
+        assert np.array_equal(np.asarray(img), compose(masks[t], ids))
+    assert davis_palette()[:12] == [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0]
+
+
+def test_vis_json_round_trips_through_pycocotools(tracked, tmp_path):
+    from pycocotools import mask as mask_util
+    out = tmp_path / "masks.json"
+    segpipe("export", "--store", tracked, "--format", "vis-json", "--out", out, check=True)
+    doc = json.loads(out.read_text())
+    masks, ids = stored(tracked)
+    T, O, H, W = masks.shape
+    assert doc["videos"][0] | {"file_names": None} == {"id": 1, "width": W, "height": H, "length": T,
+                                                      "file_names": None}
+    assert [a["object_id"] for a in doc["annotations"]] == ids
+    for slot, ann in enumerate(doc["annotations"]):
+        assert len(ann["segmentations"]) == T
+        for t, rle in enumerate(ann["segmentations"]):
+            if rle is None:
+                assert not masks[t, slot].any() and ann["areas"][t] is None
+            else:
+                assert np.array_equal(mask_util.decode(rle).astype(bool), masks[t, slot])
+                assert ann["areas"][t] == masks[t, slot].sum()
+
+
+def source_frames(path):
+    with av.open(str(path)) as c:
+        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+
+
+def test_overlay_video_matches_source_and_masks(gt_store, tmp_path, clip_dir):
+    out = tmp_path / "overlay.mp4"
+    segpipe("export", "--store", gt_store, "--format", "overlay", "--out", out, check=True)
+    with av.open(str(out)) as c, av.open(str(clip_dir / "clip.mp4")) as s:
+        vo, vs = c.streams.video[0], s.streams.video[0]
+        assert (vo.codec_context.name, vo.width, vo.height) == ("h264", vs.width, vs.height)
+        assert vo.average_rate == vs.average_rate
+    overlay, source = source_frames(out), source_frames(clip_dir / "clip.mp4")
+    assert overlay.shape == source.shape
+    masks, ids = stored(gt_store)
+    colours = np.array(davis_palette(), np.float32).reshape(256, 3)
+    checked_in = checked_out = 0
+    for t in range(0, len(masks), 5):
+        any_obj = masks[t].any(0)
+        # far outside every object: the source pixel, within codec tolerance
+        near = any_obj.copy()
+        for _ in range(12):
+            near[1:] |= near[:-1]; near[:-1] |= near[1:]; near[:, 1:] |= near[:, :-1]; near[:, :-1] |= near[:, 1:]
+        ys, xs = np.nonzero(~near)
+        if len(ys):
+            y, x = ys[len(ys) // 2], xs[len(xs) // 2]
+            assert np.abs(overlay[t, y, x].astype(int) - source[t, y, x]).max() <= 12
+            checked_out += 1
+        # deep inside exactly one object, away from its id label: its colour blended in
+        for slot, obj in enumerate(ids):
+            only = masks[t, slot] & (masks[t].sum(0) == 1)
+            inner = only.copy()
+            for _ in range(4):
+                inner[1:] &= inner[:-1]; inner[:-1] &= inner[1:]; inner[:, 1:] &= inner[:, :-1]; inner[:, :-1] &= inner[:, 1:]
+            ys, xs = np.nonzero(inner)
+            if not len(ys):
+                continue
+            cy, cx = np.nonzero(masks[t, slot])
+            far = np.hypot(ys - cy.mean(), xs - cx.mean()) > 7  # clear of the id label
+            if not far.any():
+                continue
+            y, x = ys[far][0], xs[far][0]
+            expected = 0.5 * source[t, y, x] + 0.5 * colours[obj]
+            assert np.abs(overlay[t, y, x] - expected).max() <= 16
+            checked_in += 1
+    assert checked_in >= 10 and checked_out >= 5
+
+
+def test_kill_mid_export_then_resume_gives_identical_files(tracked, tmp_path):
+    rng = random.Random(7)
+    for fmt, name in (("overlay", "o.mp4"), ("davis", "d"), ("vis-json", "v.json")):
+        ref = tmp_path / f"ref_{name}"
+        segpipe("export", "--store", tracked, "--format", fmt, "--out", ref, "--quiet", check=True)
+        out = tmp_path / name
+        proc = popen_segpipe("export", "--store", tracked, "--format", fmt, "--out", out)
+        target = rng.randint(1, 12)
+        assert wait_for(lambda: ledger_count(tracked, f"export_{fmt}") >= target, proc)
+        time.sleep(rng.uniform(0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        segpipe("export", "--store", tracked, "--format", fmt, "--out", out, "--quiet", check=True)
+        if out.is_dir():
+            assert tree_digest(out) == tree_digest(ref)
+        else:
+            assert out.read_bytes() == ref.read_bytes()
+            assert not out.with_name(f".{out.name}.parts").exists()
+        before = tree_digest(tmp_path)
+        proc = segpipe("export", "--store", tracked, "--format", fmt, "--out", out, check=True)
+        assert "already complete" in proc.stderr and tree_digest(tmp_path) == before
+
+
+def test_subsets(tracked, tmp_path):
+    masks, ids = stored(tracked)
+    out = tmp_path / "sub"
+    segpipe("export", "--store", tracked, "--format", "davis", "--out", out, "--frames", "5:9",
+            "--objects", str(ids[1]), check=True)
+    assert sorted(f.name for f in out.iterdir()) == [f"{t:05d}.png" for t in range(5, 9)]
+    assert np.array_equal(np.asarray(Image.open(out / "00006.png")),
+                          compose(masks[6][[1]], [ids[1]]))
+    js = tmp_path / "sub.json"
+    segpipe("export", "--store", tracked, "--format", "vis-json", "--out", js, "--frames", "30:",
+            check=True)
+    doc = json.loads(js.read_text())
+    assert doc["videos"][0]["length"] == 10 and len(doc["annotations"][0]["segmentations"]) == 10
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--frames", "30:10"], ["--frames"]),
+    (["--frames", "0:999"], ["--frames"]),
+    (["--frames", "abc"], ["--frames"]),
+    (["--objects", "42"], ["unknown object id 42"]),
+])
+def test_bad_subsets(tracked, tmp_path, args, words):
+    before = tree_digest(tracked)
+    proc = segpipe("export", "--store", tracked, "--format", "davis", "--out", tmp_path / "x", *args)
+    assert_user_error(proc, *words)
+    assert tree_digest(tracked) == before and not (tmp_path / "x").exists()
+
+
+def test_run_exports_all_three_next_to_the_store(tmp_path, clip_dir):
+    store = tmp_path / "run.zarr"
+    segpipe("run", clip_dir / "clip.mp4", "--store", store, "--prompts", clip_dir / "prompts.json",
+            "--image-size", 128, "--chunk-size", 16, "--random-weights", 0, "--quiet", check=True)
+    folder = tmp_path / "run.export"
+    assert (folder / "masks.json").is_file() and (folder / "overlay.mp4").is_file()
+    assert len(list((folder / "davis").iterdir())) == 40
