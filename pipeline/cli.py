@@ -1,13 +1,17 @@
 """The segpipe command line: decode -> encode -> track -> export, each resumable."""
 from __future__ import annotations
 
+import errno
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
+from . import interrupt
 from .errors import UserError
+from .lock import store_lock
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 STORE = click.option("--store", "store", required=True, type=click.Path(path_type=Path),
@@ -41,7 +45,20 @@ def encode_options(f):
 
 
 DIRECTION = click.option("--direction", type=click.Choice(["both", "forward", "reverse"]),
-                         default="both", help="Tracking passes from the earliest prompted frame.")
+                         default=None, show_default="both, or the store's",
+                         help="Tracking passes from the earliest prompted frame.")
+FORCE = click.option("--force", is_flag=True,
+                     help="Where the store was made with other settings, start this stage (and "
+                          "every later one) over instead of refusing.")
+FORCE_AGAIN = click.option("--force", is_flag=True, help="Start this stage over instead of resuming.")
+
+
+@contextmanager
+def writing(store: Path):
+    """Every command that writes holds the store's lock and stops cleanly on a signal."""
+    interrupt.install()
+    with store_lock(store):
+        yield
 
 
 @click.group(context_settings=CONTEXT)
@@ -59,8 +76,9 @@ def cli():
 @click.argument("video", type=click.Path(path_type=Path))
 @STORE
 @decode_options
+@FORCE
 @QUIET
-def decode(video, store, chunk_size, image_size, quiet):
+def decode(video, store, chunk_size, image_size, force, quiet):
     """Decode VIDEO into the store's model-input frames.
 
     \b
@@ -68,15 +86,17 @@ def decode(video, store, chunk_size, image_size, quiet):
       segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
     """
     from stages.decode import decode as run_decode
-    run_decode(video, store, chunk_size, image_size, quiet)
+    with writing(store):
+        run_decode(video, store, chunk_size, image_size, quiet, force)
 
 
 @cli.command(context_settings=CONTEXT)
 @STORE
 @encode_options
 @DEVICE
+@FORCE
 @QUIET
-def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, device, quiet):
+def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, device, force, quiet):
     """Compute SAM 2 image embeddings for every decoded frame.
 
     \b
@@ -84,18 +104,22 @@ def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, d
       segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
     """
     from stages.encode import encode as run_encode
-    run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype, quiet)
+    with writing(store):
+        run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
+                   quiet, force=force)
 
 
 @cli.command(context_settings=CONTEXT)
 @STORE
-@click.option("--prompts", "prompts", required=True, type=click.Path(path_type=Path),
+@click.option("--prompts", "prompts", default=None, type=click.Path(path_type=Path),
+              show_default="the store's last prompts",
               help="Prompts JSON (see README, 'Prompts file').")
 @DIRECTION
 @CHECKPOINT
 @DEVICE
+@FORCE_AGAIN
 @QUIET
-def track(store, prompts, direction, checkpoint, device, quiet):
+def track(store, prompts, direction, checkpoint, device, force, quiet):
     """Track the prompted objects through the video from the stored embeddings.
 
     \b
@@ -103,7 +127,8 @@ def track(store, prompts, direction, checkpoint, device, quiet):
       segpipe track --store clip.zarr --prompts prompts.json --direction both
     """
     from stages.track import track as run_track
-    run_track(store, prompts, direction, device, checkpoint, quiet)
+    with writing(store):
+        run_track(store, prompts, direction, device, checkpoint, quiet, force=force)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -114,8 +139,9 @@ def track(store, prompts, direction, checkpoint, device, quiet):
               help="Output folder (davis) or file (vis-json, overlay).")
 @click.option("--frames", default=None, metavar="A:B", help="Only frames A..B-1.  [default: all]")
 @click.option("--objects", default=None, metavar="ID,ID", help="Only these object ids.  [default: all]")
+@FORCE_AGAIN
 @QUIET
-def export(store, fmt, out, frames, objects, quiet):
+def export(store, fmt, out, frames, objects, force, quiet):
     """Export the tracked masks in a standard format.
 
     \b
@@ -124,7 +150,8 @@ def export(store, fmt, out, frames, objects, quiet):
       segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
     """
     from stages.export import export as run_export
-    run_export(store, fmt, out, frames, objects, quiet)
+    with writing(store):
+        run_export(store, fmt, out, frames, objects, quiet, force)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -139,9 +166,10 @@ def export(store, fmt, out, frames, objects, quiet):
               help="Export formats after tracking (comma list, or 'none'), into STORE's "
                    "sibling folder <store name>.export/.")
 @DEVICE
+@FORCE
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random_seed,
-        batch_size, embedding_dtype, direction, exports, device, quiet):
+        batch_size, embedding_dtype, direction, exports, device, force, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
     \b
@@ -157,14 +185,33 @@ def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random
     for fmt in formats:
         if fmt not in FORMATS:
             raise UserError(f"--export: unknown format {fmt!r}; choose from {', '.join(FORMATS)} or none")
-    run_decode(video, store, chunk_size, image_size, quiet)
-    run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype, quiet)
-    if prompts is None:
-        return
-    run_track(store, prompts, direction, device, checkpoint, quiet)
-    folder = store.with_name(store.name.removesuffix(".zarr") + ".export")
-    for fmt in formats:
-        run_export(store, fmt, folder / OUTPUT_NAMES[fmt], quiet=quiet)
+    with writing(store):
+        run_decode(video, store, chunk_size, image_size, quiet, force)
+        run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
+                   quiet, force=force)
+        if prompts is None:
+            return
+        run_track(store, prompts, direction, device, checkpoint, quiet)
+        folder = store.with_name(store.name.removesuffix(".zarr") + ".export")
+        for fmt in formats:
+            run_export(store, fmt, folder / OUTPUT_NAMES[fmt], quiet=quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@STORE
+@CHECKPOINT
+@DEVICE
+@QUIET
+def repair(store, checkpoint, device, quiet):
+    """Find damaged chunks (missing files, failed checksums) and recompute exactly those.
+
+    \b
+    Example:
+      segpipe repair --store clip.zarr
+    """
+    from .repair import repair as run_repair
+    with writing(store):
+        run_repair(store, checkpoint, device, quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -191,9 +238,17 @@ def main():
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted; run the same command again to continue", err=True)
-        sys.exit(130)
+    except (interrupt.Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", 2)
+        click.echo("interrupted: every finished chunk is kept; run the same command again "
+                   "to continue", err=True)
+        sys.exit(128 + signum)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        click.echo(f"Error: disk full ({e.filename or 'while writing'}): free some space and run "
+                   f"the same command again; finished chunks are kept", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

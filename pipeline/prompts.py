@@ -47,6 +47,31 @@ def digest(prompts: list[Prompt]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def to_record(prompts: list[Prompt]) -> tuple[list[dict], np.ndarray]:
+    """The prompts as stored with the tracking results: JSON entries (a mask entry holds an
+    index into the returned (N, H, W) mask stack), so a store can retrack on its own."""
+    entries, masks = [], []
+    for p in prompts:
+        entry = {"object": p.object_id, "frame": p.frame}
+        if p.points is not None:
+            entry.update(points=[list(q) for q in p.points], labels=list(p.labels))
+        if p.box is not None:
+            entry["box"] = list(p.box)
+        if p.mask is not None:
+            entry["mask"] = len(masks)
+            masks.append(p.mask)
+        entries.append(entry)
+    return entries, np.array(masks, dtype=bool)
+
+
+def from_record(entries: list[dict], masks) -> list[Prompt]:
+    return [Prompt(e["object"], e["frame"],
+                   tuple(map(tuple, e["points"])) if "points" in e else None,
+                   tuple(e["labels"]) if "labels" in e else None,
+                   tuple(e["box"]) if "box" in e else None,
+                   masks[e["mask"]] if "mask" in e else None) for e in entries]
+
+
 def object_ids(prompts: list[Prompt]) -> list[int]:
     """Object slot order: order of first appearance, as SAM 2 assigns its object indices."""
     return list(dict.fromkeys(p.object_id for p in prompts))

@@ -14,6 +14,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from . import interrupt
 from .errors import UserError
 
 SCHEMA_VERSION = 1
@@ -62,6 +63,15 @@ def _fsync_one(path: Path, flags: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class DamagedStore(UserError):
+    """A chunk that the ledger says is done cannot be read back intact."""
+
+    def __init__(self, store: Path, name: str, chunk: int, reason: str):
+        super().__init__(f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
+                         f"run `segpipe repair --store {store}`")
+        self.name, self.chunk, self.reason = name, chunk, reason
 
 
 class RunStore:
@@ -155,6 +165,32 @@ class RunStore:
             arr.resize(shape)
         return arr
 
+    def chunk_file(self, name: str, k: int) -> Path:
+        """The file of chunk k along the first axis (every other axis is one chunk)."""
+        ndim = len(self.array(name).shape)
+        return self.path.joinpath(name, "c", str(k), *["0"] * (ndim - 1))
+
+    def read(self, name: str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
+        """arr[lo:hi], verified: a missing chunk file (zarr would silently return fill) or a
+        chunk failing its crc32c check raises `DamagedStore` naming the array and chunk."""
+        arr = self.array(name)
+        lo = 0 if lo is None else lo
+        hi = arr.shape[0] if hi is None else hi
+        step = arr.chunks[0]
+        chunks = range(lo // step, -(-hi // step))
+        for k in chunks:
+            if not self.chunk_file(name, k).is_file():
+                raise DamagedStore(self.path, name, k, "is missing")
+        try:
+            return arr[lo:hi]
+        except Exception:  # noqa: BLE001 - find the chunk that fails
+            for k in chunks:
+                try:
+                    arr[k * step:(k + 1) * step]
+                except Exception as e:  # noqa: BLE001 - checksum, codec, truncation
+                    raise DamagedStore(self.path, name, k, f"is corrupt ({str(e).split('.')[0]})") from None
+            raise
+
     def delete(self, name: str) -> None:
         if name in self.group:
             del self.group[name]
@@ -191,6 +227,7 @@ class RunStore:
         for folder in {Path(p).parent for p in files}:
             fsync_path_dir(folder)
         self.ledger(stage).mark_done(chunk)
+        interrupt.check()  # a Ctrl-C / SIGTERM stops here, between two committed chunks
 
 
 class Ledger:
@@ -207,11 +244,21 @@ class Ledger:
         return arr
 
     def done(self) -> np.ndarray:
-        """Boolean vector over chunk indices recorded so far."""
+        """Boolean vector over chunk indices recorded so far; an unreadable record counts as
+        not done (the chunk is simply redone)."""
         arr = self._array()
         if arr is None or arr.shape[0] == 0:
             return np.zeros(0, dtype=bool)
-        return arr[:] == 1
+        try:
+            return arr[:] == 1
+        except Exception:  # noqa: BLE001 - a damaged record
+            done = np.zeros(arr.shape[0], dtype=bool)
+            for k in range(arr.shape[0]):
+                try:
+                    done[k] = arr[k] == 1
+                except Exception:  # noqa: BLE001
+                    pass
+            return done
 
     def is_done(self, chunk: int) -> bool:
         done = self.done()
@@ -228,5 +275,40 @@ class Ledger:
         arr[chunk] = 1
         fsync_path(self.store.path / self.name / "c" / str(chunk))
 
+    def undo(self, chunk: int) -> None:
+        """Mark one chunk not done (repair), durably."""
+        arr = self._array()
+        if arr is not None and chunk < arr.shape[0]:
+            arr[chunk] = 0
+            fsync_path(self.store.path / self.name / "c" / str(chunk))
+
     def reset(self) -> None:
         self.store.delete(self.name)
+
+
+# What each stage owns in the store: resetting a stage resets every later one too.
+# (decode owns the whole store: starting it over means a new store.)
+STAGE_OUTPUTS = {
+    "encode": {"arrays": ["features"], "ledgers": ["encode"], "attrs": ["model"]},
+    "track": {"arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
+              "ledgers": ["track_forward", "track_reverse"], "attrs": ["track"]},
+    "export": {"arrays": [], "ledgers": ["export_davis", "export_vis-json", "export_overlay"],
+               "attrs": ["exports"]},
+}
+
+
+def reset_from(store: RunStore, stage: str) -> None:
+    """Start `stage` and every later stage over. Crash-safe order: done-records go first,
+    then the data, then the settings that say what the data was made with."""
+    stages = list(STAGE_OUTPUTS)[list(STAGE_OUTPUTS).index(stage):]
+    for s in stages:
+        for ledger in STAGE_OUTPUTS[s]["ledgers"]:
+            store.ledger(ledger).reset()
+    for s in stages:
+        for name in STAGE_OUTPUTS[s]["arrays"]:
+            store.delete(name)
+    for s in stages:
+        for key in STAGE_OUTPUTS[s]["attrs"]:
+            if key in store.group.attrs:
+                del store.group.attrs[key]
+    fsync_path(store.path / "zarr.json")

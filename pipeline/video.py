@@ -34,7 +34,7 @@ def open_video(path: Path):
         raise UserError(f"video path is a directory, not a video file: {path}")
     try:
         container = av.open(str(path))
-    except av.FFmpegError as e:
+    except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged metadata
         raise UserError(f"not a readable video: {path} ({_reason(e)})") from None
     if not container.streams.video:
         container.close()
@@ -48,7 +48,10 @@ def probe(path: Path) -> VideoInfo:
     """Open the video and decode its first frame: a file that cannot give one is refused."""
     container, stream = open_video(path)
     try:
-        first = next(_decode(container, stream), None)
+        try:
+            first = next(_decode(container, stream), None)
+        except DecodeError as e:
+            raise UserError(f"not a readable video: {path} (no frame decodes: {e})") from None
         if first is None:
             raise UserError(f"video has no decodable frames: {path}")
         rate = stream.average_rate or stream.guessed_rate or Fraction(0)
@@ -87,13 +90,17 @@ class DecodeError(Exception):
 
 
 def _decode(container, stream):
+    """Decoded frames, converted to RGB; a damaged stream ends in `DecodeError`."""
     try:
-        yield from container.decode(stream)
+        for frame in container.decode(stream):
+            frame.to_image()  # a frame that cannot become RGB is damage too
+            yield frame
     except av.EOFError:
         return
-    except av.FFmpegError as e:
+    except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged data
         raise DecodeError(_reason(e)) from None
 
 
 def _reason(e: Exception) -> str:
-    return getattr(e, "strerror", None) or str(e).splitlines()[0]
+    text = getattr(e, "strerror", None) or str(e)
+    return text.splitlines()[0] if text.strip() else type(e).__name__

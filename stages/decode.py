@@ -5,11 +5,12 @@ Frames are resized to the model's square input as SAM 2's own frame loader does
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from pipeline.chunks import ChunkPlan
 from pipeline.errors import UserError
 from pipeline.store import RunStore, file_identity
 from pipeline.video import DecodeError, iter_frames, probe
@@ -21,8 +22,10 @@ DEFAULT_IMAGE_SIZE = 1024
 
 
 def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
-                         image_size: int | None) -> RunStore:
-    """Check the video and the settings against the store before anything is written."""
+                         image_size: int | None, force: bool = False) -> RunStore:
+    """Check the video and the settings against the store before anything is written.
+    With `force`, a store made from another video or with other settings is started over
+    (everything in it is recomputed) instead of refused."""
     video = Path(video)
     for name, value in (("--chunk-size", chunk_size), ("--image-size", image_size)):
         if value is not None and value < 1:
@@ -33,17 +36,14 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     identity = file_identity(video)
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
-        source = store.attrs["source"]
-        if (source["size"], source["sha256"]) != (identity["size"], identity["sha256"]):
-            raise UserError(
-                f"store {store_path} was made from another video ({source['path']}, "
-                f"sha256 {source['sha256'][:12]}), not {video} (sha256 {identity['sha256'][:12]})"
-            )
-        if chunk_size is not None:
-            store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
-        if image_size is not None:
-            store.require("image_size", store.attrs["image_size"], image_size)
-        return store
+        try:
+            check_store(store, video, identity, chunk_size, image_size)
+            return store
+        except UserError as mismatch:
+            if not force:
+                raise
+            log.info(f"decode: starting over ({mismatch.message})")
+            shutil.rmtree(store_path)
     return RunStore.create(store_path, {
         "source": {"path": str(video.resolve()), **identity},
         "video": info.as_attrs(),
@@ -52,11 +52,28 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     })
 
 
+def check_store(store: RunStore, video: Path, identity: dict, chunk_size, image_size) -> None:
+    source = store.attrs["source"]
+    if (source["size"], source["sha256"]) != (identity["size"], identity["sha256"]):
+        raise UserError(
+            f"store {store.path} was made from another video ({source['path']}, "
+            f"sha256 {source['sha256'][:12]}), not {video} (sha256 {identity['sha256'][:12]})"
+        )
+    if chunk_size is not None:
+        store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
+    if image_size is not None:
+        store.require("image_size", store.attrs["image_size"], image_size)
+
+
 def decode(video: Path, store_path: Path, chunk_size: int | None = None,
-           image_size: int | None = None, quiet: bool = False) -> RunStore:
-    store = open_or_create_store(video, store_path, chunk_size, image_size)
+           image_size: int | None = None, quiet: bool = False, force: bool = False) -> RunStore:
+    store = open_or_create_store(video, store_path, chunk_size, image_size, force)
     if "frame_count" in store.attrs:
-        log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
+        redo = [k for k, ok in enumerate(_done_over_plan(store)) if not ok]
+        if redo:
+            redecode_chunks(store, video, redo, quiet)
+        else:
+            log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
         return store
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
     ledger = store.ledger(STAGE)
@@ -66,16 +83,13 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
-    after_pts = int(pts_arr[start - 1]) if start and pts_arr[start - 1] >= 0 else None
-    skip = start if start and after_pts is None else 0
+    after_pts, skip = resume_point(store, start)
 
     buf = np.empty((C, S, S, 3), dtype=np.uint8)
     buf_pts = np.full(C, -1, dtype=np.int64)
     buf_time = np.full(C, np.nan)
     n, k = 0, resume_chunk
     claimed = store.attrs["video"]["claimed_frames"]
-    bar = tqdm(total=claimed or None, initial=start, unit="frame", desc="decode",
-               disable=quiet, dynamic_ncols=True)
     broke_off = None
 
     def flush():
@@ -87,22 +101,21 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
         times[lo:lo + n] = buf_time[:n]
         store.commit(STAGE, k, ["frames", "pts", "timestamps"])
 
-    try:
-        for pts, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
-            buf[n] = np.asarray(frame.to_image().resize((S, S)))
-            buf_pts[n] = -1 if pts is None else pts
-            buf_time[n] = seconds
-            n += 1
-            bar.update(1)
-            if n == C:
-                flush()
-                n, k = 0, k + 1
-    except DecodeError as e:
-        broke_off = str(e)
-    if n:
-        flush()
-        k += 1
-    bar.close()
+    with log.progress("decode", claimed or None, quiet, initial=start) as bar:
+        try:
+            for pts, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
+                buf[n] = model_input(frame, S)
+                buf_pts[n] = -1 if pts is None else pts
+                buf_time[n] = seconds
+                n += 1
+                bar.update(1)
+                if n == C:
+                    flush()
+                    n, k = 0, k + 1
+        except DecodeError as e:
+            broke_off = str(e)
+        if n:
+            flush()
     total = frames.shape[0]
     if total == 0:
         raise UserError(f"video has no decodable frames: {video}")
@@ -111,6 +124,49 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
         log.warn(f"decode: {store.attrs['decode_warning']}")
     log.info(f"decode: {total} frames into {store.path}", quiet)
     return store
+
+
+def model_input(frame, size: int) -> np.ndarray:
+    """RGB, resized to the model's square input with PIL's default filter, as SAM 2 does."""
+    return np.asarray(frame.to_image().resize((size, size)))
+
+
+def resume_point(store: RunStore, start: int) -> tuple[int | None, int]:
+    """Where to pick the source up for frame `start`: after the pts of frame start-1 (a
+    frame-exact seek), or by skipping `start` frames when the stream has no pts."""
+    if start == 0:
+        return None, 0
+    before = int(store.read("pts", start - 1, start)[0])
+    return (before, 0) if before >= 0 else (None, start)
+
+
+def _done_over_plan(store: RunStore) -> np.ndarray:
+    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+    done = store.ledger(STAGE).done()
+    return np.array([k < len(done) and done[k] for k in plan], dtype=bool)
+
+
+def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
+    """Decode again exactly these chunks of a completely decoded store (repair)."""
+    S = store.attrs["image_size"]
+    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+    for k in chunks:
+        lo, hi = plan.bounds(k)
+        after_pts, skip = resume_point(store, lo)
+        frames, pts, times = [], [], []
+        for p, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
+            frames.append(model_input(frame, S))
+            pts.append(-1 if p is None else p)
+            times.append(seconds)
+            if len(frames) == hi - lo:
+                break
+        if len(frames) != hi - lo:
+            raise UserError(f"cannot decode frames {lo}..{hi - 1} of {video} again")
+        store.array("frames")[lo:hi] = np.stack(frames)
+        store.array("pts")[lo:hi] = pts
+        store.array("timestamps")[lo:hi] = times
+        store.commit(STAGE, k, ["frames", "pts", "timestamps"])
+        log.info(f"decode: chunk {k} (frames {lo}..{hi - 1}) decoded again", quiet)
 
 
 def _truncation_note(total: int, claimed: int, broke_off: str | None) -> str | None:

@@ -12,13 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from pipeline import log
 from pipeline.chunks import ChunkPlan
 from pipeline.errors import UserError
 from pipeline.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
-from pipeline.store import RunStore
+from pipeline.store import RunStore, reset_from
 
 STAGE = "encode"
 LEVELS = ("features/level0", "features/level1", "features/level2")
@@ -76,7 +75,8 @@ def require_decoded(store: RunStore) -> int:
 
 def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
-           embedding_dtype: str = "float32", quiet: bool = False, predictor=None) -> RunStore:
+           embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
+           force: bool = False) -> RunStore:
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -85,7 +85,13 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         raise UserError(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
     weights = resolve_weights(model, checkpoint, random_seed)
     spec = model_spec(store, model, weights, embedding_dtype)
-    check_model(store, spec)
+    try:
+        check_model(store, spec)
+    except UserError as mismatch:
+        if not force:
+            raise
+        log.info(f"encode: starting over ({mismatch.message})", quiet)
+        reset_from(store, "encode")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     ledger = store.ledger(STAGE)
     done = ledger.done()
@@ -100,11 +106,8 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     device = pick_device(device)
     if predictor is None:
         predictor = build_model(model, store.attrs["image_size"], weights, device)
-    frames = store.array("frames")
-
     def read(k):
-        lo, hi = plan.bounds(k)
-        return k, frames[lo:hi]
+        return k, store.read("frames", *plan.bounds(k))
 
     def write(k, levels, layouts):
         lo, hi = plan.bounds(k)
@@ -118,10 +121,10 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
             arr[lo:hi] = feats
         store.commit(STAGE, k, list(LEVELS))
 
-    bar = tqdm(total=T, initial=T - sum(np.subtract(*plan.bounds(k)[::-1]) for k in todo),
-               unit="frame", desc="encode", disable=quiet, dynamic_ncols=True)
+    todo_frames = sum(hi - lo for lo, hi in map(plan.bounds, todo))
     # One chunk read ahead and one written behind while the current one is encoded.
-    with ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
+    with log.progress("encode", T, quiet, initial=T - todo_frames) as bar, \
+            ThreadPoolExecutor(1) as reader, ThreadPoolExecutor(1) as writer:
         next_read = reader.submit(read, todo[0])
         pending_write = None
         for i in range(len(todo)):
@@ -134,7 +137,6 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
             pending_write = writer.submit(write, k, levels, layouts)
             bar.update(len(chunk_frames))
         pending_write.result()
-    bar.close()
     log.info(f"encode: {T} frames embedded in {store.path}", quiet)
     return store
 

@@ -33,7 +33,7 @@ class Job:
     frames: tuple[int, int]
     video: dict
     source: Path
-    pts: object  # the store's `pts` array, to seek the source for overlay
+    store: RunStore  # overlay seeks the source by the stored pts
 
 
 def davis_palette() -> list[int]:
@@ -178,7 +178,7 @@ class OverlayWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.source = job.out, job.ids, job.video, job.source
-        self.pts = job.pts
+        self.store = job.store
         self.parts = job.out.with_name(f".{job.out.name}.parts")
         palette = davis_palette()
         self.colours = {i: np.array(palette[3 * (i % 255 or 1): 3 * (i % 255 or 1) + 3], np.float32)
@@ -188,7 +188,7 @@ class OverlayWriter:
         self.parts.mkdir(parents=True, exist_ok=True)
 
     def chunk(self, k, lo, masks) -> list[Path]:
-        before = int(self.pts[lo - 1]) if lo > 0 else -1  # resume the source after frame lo-1
+        before = int(self.store.read("pts", lo - 1, lo)[0]) if lo > 0 else -1  # resume after frame lo-1
         frames = iter_frames(self.source, after_pts=before if before >= 0 else None,
                              skip=lo if lo > 0 and before < 0 else 0)
         path = self.parts / f"{k:06d}.mp4"
@@ -301,8 +301,7 @@ def require_tracked(store: RunStore) -> dict:
 
 
 def export(store_path, fmt: str, out, frames: str | None = None, objects: str | None = None,
-           quiet: bool = False) -> Path:
-    from tqdm import tqdm
+           quiet: bool = False, force: bool = False) -> Path:
     store = RunStore.open(store_path)
     if fmt not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}")
@@ -316,13 +315,13 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     source = Path(store.attrs["source"]["path"])
     if fmt == "overlay":
         check_source(store, source)
-    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store.array("pts")))
+    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store))
     stage = f"export_{fmt}"
     settings = {"out": str(out), "frames": [a, b], "objects": ids,
                 "track": track["prompts_sha256"], "direction": track["direction"]}
     exports = store.attrs.get("exports", {})
     record = exports.get(fmt, {})
-    if {k: record.get(k) for k in settings} != settings:
+    if force or {k: record.get(k) for k in settings} != settings:
         store.ledger(stage).reset()
         exports[fmt] = {**settings, "complete": False}
         store.set_attrs(exports=exports)
@@ -334,17 +333,18 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     done = store.ledger(stage).done()
     todo = [k for k in chunks if not (k < len(done) and done[k])]
     writer.start()
-    masks_arr = store.array("masks")
-    bar = tqdm(total=b - a, unit="frame", desc=f"export {fmt}", disable=quiet, dynamic_ncols=True)
-    bar.update(sum(min(plan.bounds(k)[1], b) - max(plan.bounds(k)[0], a) for k in chunks if k not in todo))
-    for k in todo:
+    def frames_of(k):
         lo, hi = plan.bounds(k)
-        lo, hi = max(lo, a), min(hi, b)
-        masks = masks_arr[lo:hi][:, slots]
-        files = writer.chunk(k, lo, masks)
-        store.commit(stage, k, files=files)
-        bar.update(hi - lo)
-    bar.close()
+        return max(lo, a), min(hi, b)
+
+    done_frames = sum(hi - lo for lo, hi in map(frames_of, chunks)) - sum(
+        hi - lo for lo, hi in map(frames_of, todo))
+    with log.progress(f"export {fmt}", b - a, quiet, initial=done_frames) as bar:
+        for k in todo:
+            lo, hi = frames_of(k)
+            masks = store.read("masks", lo, hi)[:, slots]
+            store.commit(stage, k, files=writer.chunk(k, lo, masks))
+            bar.update(hi - lo)
     writer.finish(chunks)
     exports = store.attrs.get("exports", {})
     exports[fmt]["complete"] = True

@@ -55,9 +55,6 @@ class TrackerMemory:
     def step(self) -> int:
         return -1 if self.direction == "reverse" else 1
 
-    def tracked_frames(self) -> range:
-        return range(self.start_frame, self.next_frame, self.step)
-
 
 @dataclass(frozen=True)
 class Reach:
@@ -203,7 +200,7 @@ class MemoryStore:
 
     def read(self, memory: TrackerMemory, chunk: int | None, device) -> None:
         """Fill `memory.objects` from the prompted outputs and the snapshot after `chunk`."""
-        p = {n: self.store.array(f"{self.prefix}/prompted_{n}")[...]
+        p = {n: self.store.read(f"{self.prefix}/prompted_{n}")
              for n in ("frame", "maskmem", "ptr", "score", "logits")}
         for o, obj in enumerate(memory.objects):
             obj.prompted, obj.recent = {}, {}
@@ -216,7 +213,7 @@ class MemoryStore:
         if chunk is None:
             return
         mem_frame, maskmem, ptr_frame, ptr, score = (
-            self.store.array(path)[chunk] for path in self.recent_arrays())
+            self.store.read(path, chunk, chunk + 1)[0] for path in self.recent_arrays())
         for o, obj in enumerate(memory.objects):
             for j, t in enumerate(ptr_frame[o]):
                 if t >= 0:

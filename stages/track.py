@@ -16,20 +16,19 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from pipeline import log
 from pipeline import prompts as prompt_file
 from pipeline.chunks import ChunkPlan, pass_chunks, pass_frames
 from pipeline.errors import UserError
 from pipeline.model import build_model, pick_device, resolve_weights
-from pipeline.store import RunStore
+from pipeline.store import RunStore, reset_from
 from stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
 from stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 
 DIRECTIONS = ("both", "forward", "reverse")
-TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+TRACK_ARRAYS = ("masks", "object_scores", "tracked")  # written per chunk, with memory/
 
 
 class StoredFeatures(dict):
@@ -47,7 +46,7 @@ class StoredFeatures(dict):
         self.levels = []
         for name in LEVELS:
             arr = self.store.array(name)
-            feats = from_storage(arr[lo:hi], self.dtype).to(self.device)
+            feats = from_storage(self.store.read(name, lo, hi), self.dtype).to(self.device)
             self.levels.append(restore_layout(feats, arr.attrs.get("memory_format", "contiguous")))
 
     def get(self, frame_idx, default=None):
@@ -128,19 +127,31 @@ class Tracker:
         return pass_chunks(self.plan, self.direction, self.start)
 
     def run(self, owned, quiet: bool) -> None:
-        """Track the pass; write masks for the frames `owned(frame)` gives to this pass."""
+        """Track every chunk of the pass not yet done; write masks for the frames
+        `owned(frame)` gives to this pass. Chunks left to do need not be contiguous (a
+        repair): each starts from the memory snapshot of the chunk before it."""
         chunks = self.chunks()
-        ledger = self.store.ledger(self.stage)
-        done = ledger.done()
+        done = self.store.ledger(self.stage).done()
         todo = [k for k in chunks if not (k < len(done) and done[k])]
-        if not todo:
-            return
-        resume_from = chunks[chunks.index(todo[0]) - 1] if todo[0] != chunks[0] else None
+        total = sum(1 for f in self.frames() if self.plan.chunk_of(f) in todo)
+        state = memory = after = None
+        with log.progress(f"track {self.direction}", total, quiet) as bar:
+            for k in todo:
+                i = chunks.index(k)
+                before = chunks[i - 1] if i else None
+                if state is None or after != before:
+                    state, memory = self.restore(before)
+                self.track_chunk(k, state, memory, owned, bar)
+                after = k
+
+    def restore(self, before: int | None) -> tuple[dict, TrackerMemory]:
+        """A fresh SAM 2 state holding the memory as it was after chunk `before` (None: the
+        pass's start, where the prompts are applied)."""
         memory = TrackerMemory(self.direction, self.plan.num_frames, self.start, self.start,
                                [ObjectMemory(i) for i in self.ids])
         state = new_state(self.predictor, self.plan.num_frames, self.height, self.width,
                           self.features, self.pos[0])
-        if resume_from is None:
+        if before is None:
             apply_prompts(self.predictor, state, self.prompts)
             for o, obj in enumerate(memory.objects):
                 cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
@@ -148,19 +159,13 @@ class Tracker:
                                 for t, out in cond.items()}
             self.memstore.write_prompted(memory)
         else:
-            self.memstore.read(memory, resume_from, self.predictor.device)
-            memory.next_frame = self.plan.bounds(resume_from)[0] - 1 if self.reverse \
-                else self.plan.bounds(resume_from)[1]
-            for o, i in enumerate(self.ids):
+            self.memstore.read(memory, before, self.predictor.device)
+            lo, hi = self.plan.bounds(before)
+            memory.next_frame = lo - 1 if self.reverse else hi
+            for i in self.ids:  # object slots in SAM 2's order
                 self.predictor._obj_id_to_idx(state, i)
         self.sync_state(state, memory)
-
-        frames_left = sum(1 for f in self.frames() if self.plan.chunk_of(f) in todo)
-        bar = tqdm(total=frames_left, unit="frame", desc=f"track {self.direction}",
-                   disable=quiet, dynamic_ncols=True)
-        for k in todo:
-            self.track_chunk(k, state, memory, owned, bar)
-        bar.close()
+        return state, memory
 
     def sync_state(self, state: dict, memory: TrackerMemory) -> None:
         """Point SAM 2's per-object output dicts at what `memory` holds."""
@@ -226,37 +231,47 @@ def owner(direction: str, start: int):
     return owned_by
 
 
-def prepare(store: RunStore, prompts: list, direction: str, quiet: bool) -> None:
-    """Invalidate old tracking when prompts or direction changed, then make the arrays.
-    Order matters for crash safety: ledgers go first, the new settings are recorded last."""
-    T = store.attrs["frame_count"]
-    C = store.attrs["chunk_size"]
+def prepare(store: RunStore, prompts: list, direction: str, force: bool, quiet: bool) -> None:
+    """Discard old tracking when the prompts or the direction changed (or on `force`), then
+    make the arrays. The new settings are recorded last (see `reset_from`)."""
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    entries, masks = prompt_file.to_record(prompts)
     settings = {"prompts_sha256": prompt_file.digest(prompts), "direction": direction,
                 "object_ids": prompt_file.object_ids(prompts),
-                "start_frame": min(p.frame for p in prompts)}
-    if store.attrs.get("track") != settings:
-        if store.attrs.get("track") is not None:
-            log.info("track: prompts or direction changed; earlier tracking is discarded", quiet)
-        for stage in ("track_forward", "track_reverse"):
-            store.ledger(stage).reset()
-        for name in (*TRACK_ARRAYS, "memory"):
-            store.delete(name)
-        for name in list(store.group.array_keys()):
-            if name.startswith("export"):
-                store.delete(name)
-        O = len(settings["object_ids"])
-        H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
-        store.create_array("masks", (T, O, H, W), (C, O, H, W), "bool", fill_value=False,
-                           attributes={"object_ids": settings["object_ids"]})
-        store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
-        store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
-        store.set_attrs(track=settings)
+                "start_frame": min(p.frame for p in prompts), "prompts": entries}
+    if store.attrs.get("track") == settings and not force:
+        return
+    if store.attrs.get("track") is not None:
+        log.info("track: starting over (prompts or direction changed, or --force)", quiet)
+    reset_from(store, "track")
+    O = len(settings["object_ids"])
+    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
+    store.create_array("masks", (T, O, H, W), (C, O, H, W), "bool", fill_value=False,
+                       attributes={"object_ids": settings["object_ids"]})
+    store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
+    store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
+    if len(masks):
+        store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[...] = masks
+        store.commit_array("prompt_masks")
+    store.set_attrs(track=settings)
 
 
-def track(store_path, prompts_path, direction: str = "both", device: str = "auto",
-          checkpoint: str | None = None, quiet: bool = False, predictor=None) -> RunStore:
+def stored_prompts(store: RunStore) -> list:
+    settings = store.attrs.get("track")
+    if settings is None:
+        raise UserError(f"store {store.path} has no prompts yet: pass --prompts")
+    masks = store.read("prompt_masks") if store.array("prompt_masks") is not None else None
+    return prompt_file.from_record(settings["prompts"], masks)
+
+
+def track(store_path, prompts_path=None, direction: str | None = None, device: str = "auto",
+          checkpoint: str | None = None, quiet: bool = False, predictor=None,
+          force: bool = False) -> RunStore:
+    """Track from the prompts file, or (without one) from the prompts stored by the last
+    track, resuming or repairing whatever is not done."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
+    direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
     if direction not in DIRECTIONS:
         raise UserError(f"--direction must be one of {', '.join(DIRECTIONS)}")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
@@ -264,7 +279,8 @@ def track(store_path, prompts_path, direction: str = "both", device: str = "auto
     if spec is None or store.ledger("encode").count() < plan.num_chunks:
         raise UserError(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
-    prompts = prompt_file.load(prompts_path, T, video["width"], video["height"])
+    prompts = (stored_prompts(store) if prompts_path is None
+               else prompt_file.load(prompts_path, T, video["width"], video["height"]))
     seed = spec["weights"].get("random_seed")
     if seed is None and checkpoint is None:
         raise UserError("the embeddings were made from a checkpoint: pass the same --checkpoint")
@@ -272,7 +288,7 @@ def track(store_path, prompts_path, direction: str = "both", device: str = "auto
     check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"]))
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
-    prepare(store, prompts, direction, quiet)
+    prepare(store, prompts, direction, force, quiet)
     start = min(p.frame for p in prompts)
     passes = ["forward", "reverse"] if direction == "both" else [direction]
     pending = [d for d in passes

@@ -112,3 +112,48 @@ class EncoderCalls:
 
     def close(self):
         self.handle.remove()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fault-kills", type=int, default=6,
+                     help="SIGKILLs the fault-injection test spreads over one pipeline run")
+    parser.addoption("--fault-seed", type=int, default=0, help="seed of the kill moments")
+    parser.addoption("--fuzz-cases", type=int, default=12, help="hostile videos to try")
+
+
+def store_arrays(store: Path) -> dict:
+    """Every array of a store (values) and every attribute, for whole-store comparison."""
+    import zarr
+    group = zarr.open_group(str(store), mode="r")
+    out = {}
+
+    def walk(g, prefix=""):
+        for name, node in g.members():
+            path = f"{prefix}{name}"
+            if isinstance(node, zarr.Group):
+                walk(node, path + "/")
+            else:
+                out[path] = (node[...], dict(node.attrs))
+    walk(group)
+    return out
+
+
+def assert_same_store(a: Path, b: Path, skip=(), skip_attrs=()):
+    """Identical arrays and attributes; paths inside attributes compared relative to the store.
+    `skip`: array name prefixes left out; `skip_attrs`: group attributes left out."""
+    import zarr
+    xa, xb = store_arrays(a), store_arrays(b)
+    assert sorted(k for k in xa if not k.startswith(skip or "\0")) == \
+        sorted(k for k in xb if not k.startswith(skip or "\0"))
+    for name in xa:
+        if skip and name.startswith(skip):
+            continue
+        (va, aa), (vb, ab) = xa[name], xb[name]
+        assert va.dtype == vb.dtype and va.shape == vb.shape, name
+        assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), name
+        assert aa == ab, name
+    ga = {k: v for k, v in zarr.open_group(str(a), mode="r").attrs.items() if k not in skip_attrs}
+    gb = {k: v for k, v in zarr.open_group(str(b), mode="r").attrs.items() if k not in skip_attrs}
+    text_a = str(ga).replace(str(Path(a).parent), "<dir>")
+    text_b = str(gb).replace(str(Path(b).parent), "<dir>")
+    assert text_a == text_b

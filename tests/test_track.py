@@ -65,14 +65,15 @@ def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_p
     rng = random.Random(4)
     store = shutil.copytree(stores[3], tmp_path / "s.zarr")
     target = rng.randint(1, 8)
-    proc = popen_segpipe("track", "--store", store, "--prompts", clip_dir / "prompts.json")
+    proc = popen_segpipe("track", "--store", store, "--prompts", clip_dir / "prompts.json",
+                         "--direction", "both")
     assert wait_for(lambda: ledger_count(store, "track_forward") >= target, proc, timeout=300)
     import time
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "track_forward") < 11  # 31 forward frames in chunks of 3
-    segpipe("track", "--store", store, "--prompts", clip_dir / "prompts.json", "--quiet", check=True)
+    segpipe("track", "--store", store, "--quiet", check=True)  # the stored prompts and direction
     assert np.array_equal(zarr.open_group(str(store), mode="r")["masks"][...], oracle["both"])
 
 

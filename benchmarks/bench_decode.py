@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Decode stage beside bare PyAV decoding of the same 640x480 H.264 file, in one run.
+
+Bare = PyAV decode + conversion to RGB arrays (what any consumer of frames pays).
+Prints frames/s of both, their ratio, and peak RSS at each clip length.
+"""
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import measure, python, segpipe, table  # noqa: E402
+
+import make_sample  # noqa: E402
+
+BARE = """
+import av, sys
+with av.open(sys.argv[1]) as c:
+    s = c.streams.video[0]; s.thread_type = "AUTO"
+    n = sum(1 for f in c.decode(s) if f.to_ndarray(format="rgb24") is not None)
+"""
+
+
+def make_long_clip(path: Path, frames: int) -> None:
+    """Loop a 100-frame synthetic clip: writing 3000 distinct frames is slow to generate."""
+    base, _ = make_sample.make_clip(num_frames=100, width=640, height=480)
+    make_sample.write_video(path, base[[i % 100 for i in range(frames)]])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[300, 3000])
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--chunk-size", type=int, default=32)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.lengths:
+            clip = Path(tmp) / f"clip{n}.mp4"
+            make_long_clip(clip, n)
+            bare_s, bare_rss = measure(python(BARE) + [str(clip)])
+            ours_s, ours_rss = measure(segpipe("decode", clip, "--store", Path(tmp) / f"s{n}.zarr",
+                                               "--image-size", args.image_size,
+                                               "--chunk-size", args.chunk_size))
+            rows.append([n, n / bare_s, n / ours_s, bare_s / ours_s, bare_rss, ours_rss])
+    print(f"decode, 640x480 H.264 -> {args.image_size}x{args.image_size}, chunk {args.chunk_size}")
+    print(table(["frames", "bare fps", "segpipe fps", "ratio", "bare RSS MiB", "segpipe RSS MiB"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`segpipe repair`: find every done chunk that no longer reads back intact (a missing chunk
+file, or one failing its crc32c check), mark exactly those chunks not done, and let the
+stages recompute them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import log
+from .chunks import ChunkPlan, pass_chunks
+from .errors import UserError
+from .store import DamagedStore, RunStore
+
+FRAME_ARRAYS = {"frames": "decode", "pts": "decode", "timestamps": "decode",
+                "features/level0": "encode", "features/level1": "encode",
+                "features/level2": "encode"}
+TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+
+
+@dataclass(frozen=True)
+class Damage:
+    array: str
+    chunk: int
+    reason: str
+
+
+def _check(store: RunStore, name: str, k: int, found: list[Damage]) -> bool:
+    arr = store.array(name)
+    step = arr.chunks[0]
+    try:
+        store.read(name, k * step, min((k + 1) * step, arr.shape[0]))
+        return True
+    except DamagedStore as e:
+        found.append(Damage(name, k, e.reason))
+        return False
+
+
+def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
+    """The damaged chunks, and per stage ledger the chunks to redo."""
+    found: list[Damage] = []
+    redo: dict[str, set[int]] = {}
+    done = {stage: store.ledger(stage).done() for stage in
+            ("decode", "encode", "track_forward", "track_reverse")}
+
+    def is_done(stage, k):
+        return k < len(done[stage]) and done[stage][k]
+
+    for name, stage in FRAME_ARRAYS.items():
+        if store.array(name) is None:
+            continue
+        for k in range(len(done[stage])):
+            if is_done(stage, k) and not _check(store, name, k, found):
+                redo.setdefault(stage, set()).add(k)
+    track = store.attrs.get("track")
+    if track is None:
+        return found, redo
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    plan = ChunkPlan(T, C)
+    passes = ["forward", "reverse"] if track["direction"] == "both" else [track["direction"]]
+    for d in passes:
+        stage, chunks = f"track_{d}", pass_chunks(plan, d, track["start_frame"])
+        prefix = f"memory/{d}"
+        if any(store.array(f"{prefix}/prompted_{n}") is not None and not _check(
+                store, f"{prefix}/prompted_{n}", 0, found)
+               for n in ("frame", "maskmem", "ptr", "score", "logits")):
+            redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
+        for k in chunks:
+            if not is_done(stage, k):
+                continue
+            names = [*TRACK_ARRAYS, *(f"{prefix}/recent_{n}" for n in
+                                      ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score"))]
+            if not all([_check(store, name, k, found) for name in names]):
+                redo.setdefault(stage, set()).add(k)
+                if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
+                    for other in passes:  # the chunk's masks hold both passes' frames
+                        if is_done(f"track_{other}", k):
+                            redo.setdefault(f"track_{other}", set()).add(k)
+    if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
+        raise UserError(f"store {store.path}: the stored mask prompts are damaged; track again "
+                        f"with `segpipe track --store {store.path} --prompts FILE --force`")
+    return found, redo
+
+
+def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list[Damage]:
+    from stages.decode import decode
+    from stages.encode import encode
+    from stages.track import track
+
+    store = RunStore.open(store_path)
+    if "frame_count" not in store.attrs:
+        raise UserError(f"store {store.path} is still decoding: run `segpipe decode` to finish it")
+    found, redo = scan(store)
+    if not found:
+        log.info(f"repair: no damage found in {store.path}", quiet)
+        return found
+    for d in found:
+        log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
+    for stage, chunks in redo.items():
+        for k in sorted(chunks):
+            store.ledger(stage).undo(k)
+    if "decode" in redo:
+        decode(Path(store.attrs["source"]["path"]), store.path, quiet=quiet)
+    model = store.attrs.get("model")
+    if "encode" in redo:
+        encode(store.path, model["name"], checkpoint, model["weights"].get("random_seed"),
+               device, embedding_dtype=model["embedding_dtype"], quiet=quiet)
+    if any(stage.startswith("track") for stage in redo):
+        track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
+    n = sum(len(c) for c in redo.values())
+    log.info(f"repair: recomputed {n} chunk(s) of {', '.join(sorted(redo))}", quiet)
+    return found
