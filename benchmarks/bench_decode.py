@@ -40,8 +40,8 @@ def main():
         for n in args.lengths:
             clip = Path(tmp) / f"clip{n}.mp4"
             make_long_clip(clip, n)
-            bare_s, bare_rss = measure(python(BARE) + [str(clip)])
-            ours_s, ours_rss = measure(segpipe("decode", clip, "--store", Path(tmp) / f"s{n}.zarr",
+            bare_s, bare_rss, _ = measure(python(BARE) + [str(clip)])
+            ours_s, ours_rss, _ = measure(segpipe("decode", clip, "--store", Path(tmp) / f"s{n}.zarr",
                                                "--image-size", args.image_size,
                                                "--chunk-size", args.chunk_size))
             rows.append([n, n / bare_s, n / ours_s, bare_s / ours_s, bare_rss, ours_rss])

@@ -4,23 +4,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(argv: list[str], env: dict | None = None) -> tuple[float, float]:
-    """(seconds, peak RSS in MiB) of one process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} failed:\n{proc.stderr.read().decode()}")
-    return seconds, usage.ru_maxrss / 1024
+def measure(argv: list[str], env: dict | None = None) -> tuple[float, float, str]:
+    """(seconds, peak RSS in MiB, stdout) of one process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:  # no pipe to fill
+        start = time.perf_counter()
+        proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT,
+                                env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, argv))} failed:\n{err.read().decode()[-3000:]}")
+        return seconds, usage.ru_maxrss / 1024, out.read().decode()
 
 
 def python(code: str) -> list[str]:

@@ -30,21 +30,14 @@ class Prompt:
     box: tuple | None = None  # (x0, y0, x1, y1)
     mask: np.ndarray | None = None  # (H, W) bool
 
-    def canonical(self) -> dict:
-        entry = {"object": self.object_id, "frame": self.frame}
-        if self.points is not None:
-            entry.update(points=[list(p) for p in self.points], labels=list(self.labels))
-        if self.box is not None:
-            entry["box"] = list(self.box)
-        if self.mask is not None:
-            entry["mask_sha256"] = hashlib.sha256(np.packbits(self.mask).tobytes()).hexdigest()
-        return entry
-
 
 def digest(prompts: list[Prompt]) -> str:
     """Identity of a prompt set: re-tracking is needed exactly when this changes."""
-    text = json.dumps([p.canonical() for p in prompts], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    entries, masks = to_record(prompts)
+    for entry in entries:
+        if "mask" in entry:
+            entry["mask"] = hashlib.sha256(np.packbits(masks[entry["mask"]]).tobytes()).hexdigest()
+    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
 
 
 def to_record(prompts: list[Prompt]) -> tuple[list[dict], np.ndarray]:

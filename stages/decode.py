@@ -80,6 +80,8 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     done = ledger.done()
     resume_chunk = int(np.argmin(done)) if not done.all() else len(done)  # first undone chunk
     start = resume_chunk * C
+    if done.all() and store.array("frames") is not None and store.array("frames").shape[0] < start:
+        start = store.array("frames").shape[0]  # the last chunk was short: the video had ended
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)

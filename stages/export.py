@@ -119,7 +119,7 @@ class VisJsonWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
-        self.parts = job.out.with_name(f".{job.out.name}.parts")
+        self.parts = parts_dir(job.out)
 
     def start(self):
         self.parts.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,6 @@ class VisJsonWriter:
             f.flush()
         fsync_path(tmp)
         tmp.replace(self.out)
-        shutil.rmtree(self.parts, ignore_errors=True)
 
 
 class OverlayWriter:
@@ -179,7 +178,7 @@ class OverlayWriter:
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.source = job.out, job.ids, job.video, job.source
         self.store = job.store
-        self.parts = job.out.with_name(f".{job.out.name}.parts")
+        self.parts = parts_dir(job.out)
         palette = davis_palette()
         self.colours = {i: np.array(palette[3 * (i % 255 or 1): 3 * (i % 255 or 1) + 3], np.float32)
                         for i in job.ids}
@@ -256,11 +255,19 @@ class OverlayWriter:
                     offset = last
         fsync_path(tmp)
         tmp.replace(self.out)
-        shutil.rmtree(self.parts, ignore_errors=True)
 
 
 WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
 OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4"}
+
+
+def parts_dir(out: Path) -> Path:
+    """Where single-file formats keep their per-chunk parts until the file is assembled."""
+    return out.with_name(f".{out.name}.parts")
+
+
+def remove_parts(out: Path) -> None:
+    shutil.rmtree(parts_dir(out), ignore_errors=True)
 
 
 def _erode(m: np.ndarray) -> np.ndarray:
@@ -313,21 +320,23 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     ids = [all_ids[s] for s in slots]
     out = Path(out).resolve()
     source = Path(store.attrs["source"]["path"])
-    if fmt == "overlay":
-        check_source(store, source)
     writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store))
     stage = f"export_{fmt}"
     settings = {"out": str(out), "frames": [a, b], "objects": ids,
                 "track": track["prompts_sha256"], "direction": track["direction"]}
     exports = store.attrs.get("exports", {})
     record = exports.get(fmt, {})
-    if force or {k: record.get(k) for k in settings} != settings:
+    gone = record.get("complete") and not out.exists()  # finished, then deleted: redo
+    if force or gone or {k: record.get(k) for k in settings} != settings:
         store.ledger(stage).reset()
         exports[fmt] = {**settings, "complete": False}
         store.set_attrs(exports=exports)
-    elif record.get("complete") and out.exists():
+    elif record.get("complete"):
+        remove_parts(out)
         log.info(f"export {fmt}: already complete ({out})", quiet)
         return out
+    if fmt == "overlay":
+        check_source(store, source)
     plan = ChunkPlan(T, C)
     chunks = list(range(plan.chunk_of(a), plan.chunk_of(b - 1) + 1))
     done = store.ledger(stage).done()
@@ -349,5 +358,6 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     exports = store.attrs.get("exports", {})
     exports[fmt]["complete"] = True
     store.set_attrs(exports=exports)
+    remove_parts(out)  # only now: until the record says complete, finish may need them again
     log.info(f"export {fmt}: {out}", quiet)
     return out

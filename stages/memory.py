@@ -132,8 +132,14 @@ def _bf16(a: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).to(device)
 
 
-def _f32(a: np.ndarray, device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+def _f32(a: np.ndarray, device, dtype: str = "float32") -> torch.Tensor:
+    """Stored float32 back to a tensor of the dtype SAM 2 made (float32, or bfloat16 under
+    CUDA autocast; the float32 copy holds either exactly)."""
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device, getattr(torch, dtype))
+
+
+def _dtype(t: torch.Tensor | None) -> str:
+    return str(t.dtype).removeprefix("torch.") if t is not None else "float32"
 
 
 class MemoryStore:
@@ -160,13 +166,17 @@ class MemoryStore:
             for j, (t, out) in enumerate(sorted(obj.prompted.items())):
                 frame[o, j] = t
                 maskmem[o, j] = _bits(out.maskmem[0])
-                ptr[o, j] = out.obj_ptr[0].cpu().numpy()
+                ptr[o, j] = out.obj_ptr[0].float().cpu().numpy()
                 score[o, j] = out.score.reshape(()).item()
-                logits[o, j] = out.logits[0, 0].cpu().numpy()
+                logits[o, j] = out.logits[0, 0].float().cpu().numpy()
+        first = next(iter(memory.objects[0].prompted.values()))
+        dtypes = {"maskmem": "bfloat16", "ptr": _dtype(first.obj_ptr),
+                  "score": _dtype(first.score), "logits": _dtype(first.logits)}
         for name, data in (("frame", frame), ("maskmem", maskmem), ("ptr", ptr),
                            ("score", score), ("logits", logits)):
             path = f"{self.prefix}/prompted_{name}"
-            arr = self.store.create_array(path, data.shape, data.shape, data.dtype, overwrite=True)
+            arr = self.store.create_array(path, data.shape, data.shape, data.dtype, overwrite=True,
+                                          attributes={"torch_dtype": dtypes[name]} if name in dtypes else None)
             arr[...] = data
             self.store.commit_array(path)
 
@@ -187,38 +197,48 @@ class MemoryStore:
                 maskmem[0, o, j] = _bits(obj.recent[t].maskmem[0])
             for j, t in enumerate(with_ptr):
                 ptr_frame[0, o, j] = t
-                ptr[0, o, j] = obj.recent[t].obj_ptr[0].cpu().numpy()
+                ptr[0, o, j] = obj.recent[t].obj_ptr[0].float().cpu().numpy()
                 score[0, o, j] = obj.recent[t].score.reshape(()).item()
-        for path, data in zip(self.recent_arrays(), (mem_frame, maskmem, ptr_frame, ptr, score)):
+        some = next((out for obj in memory.objects for out in obj.recent.values()
+                     if out.obj_ptr is not None), None)
+        dtypes = [None, "bfloat16", None, _dtype(some and some.obj_ptr), _dtype(some and some.score)]
+        for path, data, dtype in zip(self.recent_arrays(), (mem_frame, maskmem, ptr_frame, ptr, score),
+                                     dtypes):
             arr = self.store.array(path)
             if arr is None:
                 shape = (self.num_chunks, *data.shape[1:])
                 arr = self.store.create_array(path, shape, (1, *data.shape[1:]), data.dtype,
-                                              fill_value=-1 if data.dtype == np.int32 else 0)
+                                              fill_value=-1 if data.dtype == np.int32 else 0,
+                                              attributes={"torch_dtype": dtype} if dtype else None)
             arr[chunk:chunk + 1] = data
         return self.recent_arrays()
 
     def read(self, memory: TrackerMemory, chunk: int | None, device) -> None:
         """Fill `memory.objects` from the prompted outputs and the snapshot after `chunk`."""
-        p = {n: self.store.read(f"{self.prefix}/prompted_{n}")
-             for n in ("frame", "maskmem", "ptr", "score", "logits")}
+        names = ("frame", "maskmem", "ptr", "score", "logits")
+        p = {n: self.store.read(f"{self.prefix}/prompted_{n}") for n in names}
+        dt = {n: self.store.array(f"{self.prefix}/prompted_{n}").attrs.get("torch_dtype") for n in names}
         for o, obj in enumerate(memory.objects):
             obj.prompted, obj.recent = {}, {}
             for j, t in enumerate(p["frame"][o]):
                 if t >= 0:
                     obj.prompted[int(t)] = FrameOutput(
-                        _bf16(p["maskmem"][o, j][None], device), _f32(p["ptr"][o, j][None], device),
-                        _f32(p["score"][o, j].reshape(1, 1), device),
-                        _f32(p["logits"][o, j][None, None], device))
+                        _bf16(p["maskmem"][o, j][None], device),
+                        _f32(p["ptr"][o, j][None], device, dt["ptr"]),
+                        _f32(p["score"][o, j].reshape(1, 1), device, dt["score"]),
+                        _f32(p["logits"][o, j][None, None], device, dt["logits"]))
         if chunk is None:
             return
         mem_frame, maskmem, ptr_frame, ptr, score = (
             self.store.read(path, chunk, chunk + 1)[0] for path in self.recent_arrays())
+        ptr_dtype, score_dtype = (self.store.array(path).attrs.get("torch_dtype", "float32")
+                                  for path in self.recent_arrays()[3:])
         for o, obj in enumerate(memory.objects):
             for j, t in enumerate(ptr_frame[o]):
                 if t >= 0:
-                    obj.recent[int(t)] = FrameOutput(None, _f32(ptr[o, j][None], device),
-                                                     _f32(score[o, j].reshape(1, 1), device))
+                    obj.recent[int(t)] = FrameOutput(
+                        None, _f32(ptr[o, j][None], device, ptr_dtype),
+                        _f32(score[o, j].reshape(1, 1), device, score_dtype))
             for j, t in enumerate(mem_frame[o]):
                 if t >= 0:
                     out = obj.recent.setdefault(int(t), FrameOutput(None, None, None))

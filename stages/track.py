@@ -222,13 +222,11 @@ class Tracker:
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
 
 
-def owner(direction: str, start: int):
-    """Which pass's result a frame shows: `both` takes reverse before the earliest prompt."""
-    def owned_by(pass_direction):
-        if direction == "both":
-            return (lambda f: f < start) if pass_direction == "reverse" else (lambda f: f >= start)
+def shown_by(direction: str, pass_direction: str, start: int):
+    """Which frames show this pass's masks: `both` takes reverse before the earliest prompt."""
+    if direction != "both":
         return lambda f: True
-    return owned_by
+    return (lambda f: f < start) if pass_direction == "reverse" else (lambda f: f >= start)
 
 
 def prepare(store: RunStore, prompts: list, direction: str, force: bool, quiet: bool) -> None:
@@ -300,13 +298,13 @@ def track(store_path, prompts_path=None, direction: str | None = None, device: s
         predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
     vision_pos, maskmem_pos = positional_encodings(predictor, store)
     features = StoredFeatures(store, spec["embedding_dtype"], predictor.device, vision_pos)
-    # SAM 2's video predictor runs under bfloat16 autocast on CUDA; plain float32 elsewhere.
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=predictor.device.type == "cuda")
     for d in pending:
         tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos)
-        with autocast, warnings.catch_warnings():
+        # SAM 2's video predictor runs under bfloat16 autocast on CUDA; plain float32 elsewhere.
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=predictor.device.type == "cuda"), \
+                warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
-            tracker.run(owner(direction, start)(d), quiet)
+            tracker.run(shown_by(direction, d, start), quiet)
     if importlib.util.find_spec("sam2._C") is None:
         log.info("note: sam2 has no _C extension here, so small-hole filling was skipped "
                  "(as SAM 2's own predictor does)", quiet)

@@ -61,6 +61,21 @@ def test_kill_mid_decode_then_resume_is_identical(tmp_path, long_clip):
     assert tree_digest(store) == before and tree_mtimes(store) == mtimes  # wrote nothing
 
 
+def test_crash_after_the_last_short_chunk_resumes_to_the_same_store(tmp_path, clip_dir):
+    """The state a kill leaves between the final chunk's commit and the frame count."""
+    ref, store = tmp_path / "ref.zarr", tmp_path / "s.zarr"
+    args = ("--chunk-size", 7, "--image-size", 64)  # 40 frames: the last chunk holds 5
+    segpipe("decode", clip_dir / "clip.mp4", "--store", ref, *args, check=True)
+    segpipe("decode", clip_dir / "clip.mp4", "--store", store, *args, check=True)
+    group = zarr.open_group(str(store), mode="r+")
+    del group.attrs["frame_count"]
+    segpipe("decode", clip_dir / "clip.mp4", "--store", store, *args, check=True)
+    a, b = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(store), mode="r")
+    assert b.attrs["frame_count"] == 40 and dict(a.attrs) == dict(b.attrs)
+    for name in ("frames", "pts", "timestamps"):
+        assert np.array_equal(a[name][...], b[name][...]), name
+
+
 def test_truncated_video_decodes_what_exists(tmp_path, long_clip):
     data = long_clip.read_bytes()
     cut = tmp_path / "cut.mp4"

@@ -61,9 +61,12 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
     store = tmp_path / "run.zarr"
     killed_in = []
     for target in targets:
+        # each kill lands after this run has done some new work (and at least up to the
+        # target), then somewhere inside the next chunk
+        floor = progress(store) + 1
         proc = popen_segpipe(*run_args(small, store))
-        wait_for(lambda: progress(store) >= target, proc, timeout=300)
-        time.sleep(rng.uniform(0, 0.2))  # land inside a chunk, not only at its end
+        wait_for(lambda: progress(store) >= max(target, floor), proc, timeout=300)
+        time.sleep(rng.uniform(0, 0.3))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()

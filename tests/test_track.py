@@ -79,7 +79,7 @@ def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_p
 
 def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, predictor):
     store = shutil.copytree(stores[7], tmp_path / "s.zarr")
-    track(store, clip_dir / "prompts.json", quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     masks = np.load(clip_dir / "masks.npy")
     ys, xs = np.nonzero(masks[25, 2])
     second = tmp_path / "second.json"
@@ -88,7 +88,7 @@ def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, pr
         {"object": 1, "frame": 30, "box": [10, 10, 60, 50]},
     ]}))
     calls = EncoderCalls(predictor)
-    track(store, second, quiet=True, predictor=predictor)
+    track(store, second, quiet=True, predictor=predictor)  # the store's direction: both
     calls.close()
     assert calls.count == 0
     group = zarr.open_group(str(store), mode="r")
