@@ -29,7 +29,7 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install
-	$(PY) benchmarks/bench_decode.py
+	for b in decode encode track export; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf build

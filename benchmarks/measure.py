@@ -11,20 +11,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A child's ru_maxrss counts the pages it shared with its parent before exec, so a big
+# benchmark process would inflate every figure: a small launcher process starts the command.
+LAUNCHER = """
+import json, os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[2:], stdout=sys.stdout, stderr=sys.stderr)
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as f:
+    json.dump({"seconds": time.perf_counter() - start, "maxrss_kib": usage.ru_maxrss,
+               "code": os.waitstatus_to_exitcode(status)}, f)
+"""
+
+
 def measure(argv: list[str], env: dict | None = None) -> tuple[float, float, str]:
     """(seconds, peak RSS in MiB, stdout) of one process."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:  # no pipe to fill
-        start = time.perf_counter()
-        proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT,
-                                env={**os.environ, **(env or {})}, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    import json
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(suffix=".json") as report:
+        subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *map(str, argv)], cwd=ROOT,
+                       env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+        result = json.loads(Path(report.name).read_text())
         out.seek(0)
         err.seek(0)
-        if proc.returncode != 0:
+        if result["code"] != 0:
             raise RuntimeError(f"{' '.join(map(str, argv))} failed:\n{err.read().decode()[-3000:]}")
-        return seconds, usage.ru_maxrss / 1024, out.read().decode()
+        return result["seconds"], result["maxrss_kib"] / 1024, out.read().decode()
 
 
 def python(code: str) -> list[str]:

@@ -50,7 +50,9 @@ def probe(path: Path) -> VideoInfo:
     try:
         try:
             first = next(_decode(container, stream), None)
-        except DecodeError as e:
+            if first is not None:
+                first.to_image()  # a frame that cannot become RGB is damage too
+        except (DecodeError, ValueError) as e:
             raise UserError(f"not a readable video: {path} (no frame decodes: {e})") from None
         if first is None:
             raise UserError(f"video has no decodable frames: {path}")
@@ -90,10 +92,9 @@ class DecodeError(Exception):
 
 
 def _decode(container, stream):
-    """Decoded frames, converted to RGB; a damaged stream ends in `DecodeError`."""
+    """Decoded frames; a damaged stream ends in `DecodeError`."""
     try:
         for frame in container.decode(stream):
-            frame.to_image()  # a frame that cannot become RGB is damage too
             yield frame
     except av.EOFError:
         return

@@ -6,6 +6,7 @@ Frames are resized to the model's square input as SAM 2's own frame loader does
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,37 +88,50 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
     after_pts, skip = resume_point(store, start)
 
-    buf = np.empty((C, S, S, 3), dtype=np.uint8)
-    buf_pts = np.full(C, -1, dtype=np.int64)
-    buf_time = np.full(C, np.nan)
-    n, k = 0, resume_chunk
     claimed = store.attrs["video"]["claimed_frames"]
     broke_off = None
 
-    def flush():
-        lo = k * C
+    def write(k: int, chunk: np.ndarray, chunk_pts: list, chunk_times: list) -> None:
+        lo, n = k * C, len(chunk)
         for arr in (frames, pts_arr, times):
             arr.resize((lo + n, *arr.shape[1:]))
-        frames[lo:lo + n] = buf[:n]
-        pts_arr[lo:lo + n] = buf_pts[:n]
-        times[lo:lo + n] = buf_time[:n]
+        frames[lo:lo + n] = chunk
+        pts_arr[lo:lo + n] = chunk_pts
+        times[lo:lo + n] = chunk_times
         store.commit(STAGE, k, ["frames", "pts", "timestamps"])
 
-    with log.progress("decode", claimed or None, quiet, initial=start) as bar:
+    # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a small pool and
+    # each finished chunk is compressed and written behind, so at most two chunks are held.
+    k, pending, batch, batch_pts, batch_times = resume_chunk, None, [], [], []
+    with log.progress("decode", claimed or None, quiet, initial=start) as bar, \
+            ThreadPoolExecutor(2) as resizer, ThreadPoolExecutor(1) as writer:
+        def flush():
+            nonlocal k, pending, batch, batch_pts, batch_times
+            try:
+                chunk = np.stack([f.result() for f in batch])
+            except Exception as e:  # noqa: BLE001 - a frame that cannot become RGB
+                raise DecodeError(f"frame {k * C} onwards cannot be converted ({e})") from None
+            if pending is not None:
+                pending.result()
+            pending = writer.submit(write, k, chunk, batch_pts, batch_times)
+            k, batch, batch_pts, batch_times = k + 1, [], [], []
+
         try:
             for pts, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
-                buf[n] = model_input(frame, S)
-                buf_pts[n] = -1 if pts is None else pts
-                buf_time[n] = seconds
-                n += 1
+                batch.append(resizer.submit(model_input, frame, S))
+                batch_pts.append(-1 if pts is None else pts)
+                batch_times.append(seconds)
                 bar.update(1)
-                if n == C:
+                if len(batch) == C:
                     flush()
-                    n, k = 0, k + 1
+            if batch:
+                flush()
         except DecodeError as e:
             broke_off = str(e)
-        if n:
-            flush()
+            if batch and all(f.exception() is None for f in batch):
+                flush()
+        if pending is not None:
+            pending.result()
     total = frames.shape[0]
     if total == 0:
         raise UserError(f"video has no decodable frames: {video}")

@@ -145,7 +145,8 @@ class VisJsonWriter:
         return [path]
 
     def finish(self, chunks):
-        """Assemble the parts into one JSON, one object at a time (bounded memory)."""
+        """Assemble the parts into one JSON, streaming each object's per-frame lists part by
+        part, so memory stays bounded by one part whatever the video's length."""
         length = self.frames[1] - self.frames[0]
         W, H = self.video["width"], self.video["height"]
         tmp = self.out.with_name(f".{self.out.name}.tmp")
@@ -156,14 +157,19 @@ class VisJsonWriter:
             f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
             f.write(', "annotations": [')
             for n, obj in enumerate(self.ids):
-                series = {"segmentations": [], "areas": [], "bboxes": []}
-                for k in chunks:
-                    part = json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)]
-                    for key in series:
-                        series[key] += part[key]
-                f.write(("," if n else "") + json.dumps({
-                    "id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1, "iscrowd": 0,
-                    "height": H, "width": W, "length": length, **series}))
+                head = json.dumps({"id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1,
+                                   "iscrowd": 0, "height": H, "width": W, "length": length})
+                f.write(("," if n else "") + head[:-1])
+                for key in ("segmentations", "areas", "bboxes"):
+                    f.write(f', "{key}": [')
+                    first = True
+                    for k in chunks:
+                        part = json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)]
+                        for item in part[key]:
+                            f.write(("" if first else ",") + json.dumps(item))
+                            first = False
+                    f.write("]")
+                f.write("}")
             f.write("]}\n")
             f.flush()
         fsync_path(tmp)
