@@ -76,7 +76,7 @@ def bbox(mask: np.ndarray) -> list[float]:
     return [float(xs.min()), float(ys.min()), float(xs.max()), float(ys.max())]
 
 
-def write_prompts(out_dir: Path, masks: np.ndarray, frames=(0, 3, 6)) -> Path:
+def write_prompts(out_dir: Path, masks: np.ndarray, frames=(6, 12, 18)) -> Path:
     """Points on object 1, a box on object 2, a mask on object 3, each on its own frame."""
     f1, f2, f3 = frames
     Image.fromarray(masks[f3, 2].astype(np.uint8) * 255).save(out_dir / "obj3_mask.png")

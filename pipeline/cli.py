@@ -229,7 +229,20 @@ def status(store, as_json):
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
 
 
+def limit_malloc_arenas() -> None:
+    """glibc gives every thread its own malloc arena; with zarr's and our worker threads
+    handling chunk-sized buffers, peak RSS then creeps up with video length. Two arenas keep
+    it flat (measured in benchmarks/bench_export.py)."""
+    import ctypes
+    import ctypes.util
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
 def main():
+    limit_malloc_arenas()
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
