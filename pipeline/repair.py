@@ -42,7 +42,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     done = {stage: store.ledger(stage).done() for stage in
             ("decode", "encode", "track_forward", "track_reverse")}
 
-    def is_done(stage, k):
+    def is_done(stage, k):  # one read of each ledger for the whole scan
         return k < len(done[stage]) and done[stage][k]
 
     for name, stage in FRAME_ARRAYS.items():

@@ -260,9 +260,10 @@ class Ledger:
                     pass
             return done
 
-    def is_done(self, chunk: int) -> bool:
+    def todo(self, chunks) -> list[int]:
+        """The chunks of `chunks` (in their order) not recorded done."""
         done = self.done()
-        return chunk < len(done) and bool(done[chunk])
+        return [k for k in chunks if not (k < len(done) and done[k])]
 
     def count(self) -> int:
         return int(self.done().sum())

@@ -70,7 +70,8 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
            image_size: int | None = None, quiet: bool = False, force: bool = False) -> RunStore:
     store = open_or_create_store(video, store_path, chunk_size, image_size, force)
     if "frame_count" in store.attrs:
-        redo = [k for k, ok in enumerate(_done_over_plan(store)) if not ok]
+        plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+        redo = store.ledger(STAGE).todo(plan)
         if redo:
             redecode_chunks(store, video, redo, quiet)
         else:
@@ -154,12 +155,6 @@ def resume_point(store: RunStore, start: int) -> tuple[int | None, int]:
         return None, 0
     before = int(store.read("pts", start - 1, start)[0])
     return (before, 0) if before >= 0 else (None, start)
-
-
-def _done_over_plan(store: RunStore) -> np.ndarray:
-    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
-    done = store.ledger(STAGE).done()
-    return np.array([k < len(done) and done[k] for k in plan], dtype=bool)
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:

@@ -93,9 +93,7 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         log.info(f"encode: starting over ({mismatch.message})", quiet)
         reset_from(store, "encode")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
-    ledger = store.ledger(STAGE)
-    done = ledger.done()
-    todo = [k for k in plan if not (k < len(done) and done[k])]
+    todo = store.ledger(STAGE).todo(plan)
     if "model" not in store.attrs:
         store.set_attrs(model=spec)
     if weights.random_seed is not None:

@@ -345,8 +345,7 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
         check_source(store, source)
     plan = ChunkPlan(T, C)
     chunks = list(range(plan.chunk_of(a), plan.chunk_of(b - 1) + 1))
-    done = store.ledger(stage).done()
-    todo = [k for k in chunks if not (k < len(done) and done[k])]
+    todo = store.ledger(stage).todo(chunks)
     writer.start()
     def frames_of(k):
         lo, hi = plan.bounds(k)

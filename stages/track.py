@@ -131,8 +131,7 @@ class Tracker:
         `owned(frame)` gives to this pass. Chunks left to do need not be contiguous (a
         repair): each starts from the memory snapshot of the chunk before it."""
         chunks = self.chunks()
-        done = self.store.ledger(self.stage).done()
-        todo = [k for k in chunks if not (k < len(done) and done[k])]
+        todo = self.store.ledger(self.stage).todo(chunks)
         total = sum(1 for f in self.frames() if self.plan.chunk_of(f) in todo)
         state = memory = after = None
         with log.progress(f"track {self.direction}", total, quiet) as bar:
