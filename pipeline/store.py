@@ -22,12 +22,25 @@ FORMAT_NAME = "segpipe"
 
 
 def file_identity(path: Path) -> dict:
-    """Size and sha256 of a file: how a store recognises its source video."""
+    """Size, modification time and sha256 of a file: how a store recognises its source."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    stat = Path(path).stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest.hexdigest()}
+
+
+def same_file(recorded: dict, path: Path) -> bool:
+    """Whether `path` is still the file `recorded` describes. Hashing hours of video on every
+    run costs seconds to minutes, so an unchanged size and modification time are trusted;
+    anything else is decided by the sha256."""
+    stat = Path(path).stat()
+    if stat.st_size != recorded["size"]:
+        return False
+    if stat.st_mtime_ns == recorded.get("mtime_ns"):
+        return True
+    return file_identity(path)["sha256"] == recorded["sha256"]
 
 
 def fsync_path(path: Path) -> None:
@@ -165,9 +178,8 @@ class RunStore:
             arr.resize(shape)
         return arr
 
-    def chunk_file(self, name: str, k: int) -> Path:
+    def chunk_file(self, name: str, k: int, ndim: int) -> Path:
         """The file of chunk k along the first axis (every other axis is one chunk)."""
-        ndim = len(self.array(name).shape)
         return self.path.joinpath(name, "c", str(k), *["0"] * (ndim - 1))
 
     def read(self, name: str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
@@ -179,7 +191,7 @@ class RunStore:
         step = arr.chunks[0]
         chunks = range(lo // step, -(-hi // step))
         for k in chunks:
-            if not self.chunk_file(name, k).is_file():
+            if not self.chunk_file(name, k, arr.ndim).is_file():
                 raise DamagedStore(self.path, name, k, "is missing")
         try:
             return arr[lo:hi]

@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.chunks import ChunkPlan
 from pipeline.errors import UserError
-from pipeline.store import RunStore, file_identity
+from pipeline.store import RunStore, file_identity, same_file
 from pipeline.video import DecodeError, iter_frames, probe
 from pipeline import log
 
@@ -34,11 +34,10 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     if image_size is not None and image_size % 32:
         raise UserError(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
     info = probe(video)
-    identity = file_identity(video)
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
         try:
-            check_store(store, video, identity, chunk_size, image_size)
+            check_store(store, video, chunk_size, image_size)
             return store
         except UserError as mismatch:
             if not force:
@@ -46,20 +45,18 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
             log.info(f"decode: starting over ({mismatch.message})")
             shutil.rmtree(store_path)
     return RunStore.create(store_path, {
-        "source": {"path": str(video.resolve()), **identity},
+        "source": {"path": str(video.resolve()), **file_identity(video)},
         "video": info.as_attrs(),
         "chunk_size": chunk_size or DEFAULT_CHUNK_SIZE,
         "image_size": image_size or DEFAULT_IMAGE_SIZE,
     })
 
 
-def check_store(store: RunStore, video: Path, identity: dict, chunk_size, image_size) -> None:
+def check_store(store: RunStore, video: Path, chunk_size, image_size) -> None:
     source = store.attrs["source"]
-    if (source["size"], source["sha256"]) != (identity["size"], identity["sha256"]):
-        raise UserError(
-            f"store {store.path} was made from another video ({source['path']}, "
-            f"sha256 {source['sha256'][:12]}), not {video} (sha256 {identity['sha256'][:12]})"
-        )
+    if not same_file(source, video):
+        raise UserError(f"store {store.path} was made from another video ({source['path']}, "
+                        f"sha256 {source['sha256'][:12]}), not {video}")
     if chunk_size is not None:
         store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
     if image_size is not None:

@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 from pipeline import log
 from pipeline.chunks import ChunkPlan, pass_chunks
 from pipeline.errors import UserError
-from pipeline.store import RunStore, atomic_write, file_identity, fsync_path
+from pipeline.store import RunStore, atomic_write, fsync_path, same_file
 from pipeline.video import iter_frames
 
 FORMATS = ("davis", "vis-json", "overlay")
@@ -296,7 +296,7 @@ def check_source(store: RunStore, source: Path) -> None:
     """The overlay re-decodes the original file: it must still be the same video."""
     if not source.is_file():
         raise UserError(f"overlay re-decodes the source video, which is gone: {source}")
-    if file_identity(source)["sha256"] != store.attrs["source"]["sha256"]:
+    if not same_file(store.attrs["source"], source):
         raise UserError(f"source video {source} changed since it was decoded; overlay refused")
 
 
