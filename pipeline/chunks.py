@@ -42,6 +42,14 @@ def pass_frames(direction: str, start: int, num_frames: int) -> list[int]:
     return list(range(start, num_frames))
 
 
+def pass_frames_in(direction: str, start: int, lo: int, hi: int) -> list[int]:
+    """The frames of `pass_frames` inside [lo, hi), in the same order, without listing the
+    whole pass (chunks are visited one by one on long videos)."""
+    if direction == "reverse":
+        return list(range(min(start, hi - 1), lo - 1, -1)) if start > 0 else []
+    return list(range(max(start, lo), hi))
+
+
 def pass_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
     """The chunks a tracking pass visits, in its order."""
     return list(dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames)))

@@ -107,9 +107,14 @@ class Reach:
             return t > next_frame if reverse else t < next_frame
         return {t for t in mem if done(t)}, {t for t in ptr if done(t)}
 
-    def prune(self, obj: ObjectMemory, next_frame: int, reverse: bool) -> None:
-        """Drop what no later frame reads; keep what it does."""
-        mem, ptr = self.needed(next_frame, reverse)
+    def prune(self, memory: "TrackerMemory") -> None:
+        """Drop from every object what no frame from `memory.next_frame` on reads."""
+        mem, ptr = self.needed(memory.next_frame, memory.direction == "reverse")
+        for obj in memory.objects:
+            self._prune(obj, mem, ptr)
+
+    @staticmethod
+    def _prune(obj: ObjectMemory, mem: set[int], ptr: set[int]) -> None:
         for t in list(obj.recent):
             out = obj.recent[t]
             if t not in mem and t not in ptr:

@@ -19,7 +19,7 @@ import torch
 
 from pipeline import log
 from pipeline import prompts as prompt_file
-from pipeline.chunks import ChunkPlan, pass_chunks, pass_frames
+from pipeline.chunks import ChunkPlan, pass_chunks, pass_frames, pass_frames_in
 from pipeline.errors import UserError
 from pipeline.model import build_model, pick_device, resolve_weights
 from pipeline.store import RunStore, reset_from
@@ -39,15 +39,15 @@ class StoredFeatures(dict):
         super().__init__()
         self.store, self.dtype, self.device, self.pos_enc = store, dtype, device, pos_enc
         self.lo, self.levels = 0, []
+        self.layouts = [store.array(n).attrs.get("memory_format", "contiguous") for n in LEVELS]
         self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
 
     def load(self, lo: int, hi: int) -> None:
         self.lo = lo
         self.levels = []
-        for name in LEVELS:
-            arr = self.store.array(name)
+        for name, layout in zip(LEVELS, self.layouts):
             feats = from_storage(self.store.read(name, lo, hi), self.dtype).to(self.device)
-            self.levels.append(restore_layout(feats, arr.attrs.get("memory_format", "contiguous")))
+            self.levels.append(restore_layout(feats, layout))
 
     def get(self, frame_idx, default=None):
         i = frame_idx - self.lo
@@ -177,7 +177,7 @@ class Tracker:
     @torch.inference_mode()
     def track_chunk(self, k: int, state: dict, memory: TrackerMemory, owned, bar) -> None:
         lo, hi = self.plan.bounds(k)
-        frames = [f for f in self.frames() if lo <= f < hi]
+        frames = pass_frames_in(self.direction, self.start, lo, hi)
         self.features.load(lo, hi)
         O = len(memory.objects)
         masks = np.zeros((hi - lo, O, self.height, self.width), bool)
@@ -204,8 +204,7 @@ class Tracker:
             masks[f - lo] = (video_res[:, 0] > 0.0).cpu().numpy()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
-            for o, obj in enumerate(memory.objects):
-                self.reach.prune(obj, memory.next_frame, self.reverse)
+            self.reach.prune(memory)
             self.sync_state(state, memory)
             bar.update(1)
         self.write(k, lo, masks, scores, mine, memory)

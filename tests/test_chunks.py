@@ -39,3 +39,14 @@ def test_bad_plans():
         ChunkPlan(10, 0)
     with pytest.raises(IndexError):
         ChunkPlan(10, 4).bounds(3)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("start", [0, 5, 13])
+def test_pass_frames_in_a_chunk_match_the_whole_pass(direction, start):
+    from pipeline.chunks import pass_frames, pass_frames_in
+    plan = ChunkPlan(14, 4)
+    whole = pass_frames(direction, start, 14)
+    for k in plan:
+        lo, hi = plan.bounds(k)
+        assert pass_frames_in(direction, start, lo, hi) == [f for f in whole if lo <= f < hi]
