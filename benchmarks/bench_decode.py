@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import measure, python, segpipe, table  # noqa: E402
+from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 
 import make_sample  # noqa: E402
 
@@ -32,12 +32,6 @@ with av.open(sys.argv[1]) as c:
 """
 
 
-def make_long_clip(path: Path, frames: int) -> None:
-    """Loop a 100-frame synthetic clip: writing 3000 distinct frames is slow to generate."""
-    base, _ = make_sample.make_clip(num_frames=100, width=640, height=480)
-    make_sample.write_video(path, base[[i % 100 for i in range(frames)]])
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[300, 3000])
@@ -45,10 +39,11 @@ def main():
     parser.add_argument("--chunk-size", type=int, default=32)
     args = parser.parse_args()
     rows = []
+    base, _ = make_sample.make_clip(num_frames=100, width=640, height=480)
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.lengths:
             clip = Path(tmp) / f"clip{n}.mp4"
-            make_long_clip(clip, n)
+            looped_clip(clip, base, n)
             bare_s, bare_rss, _ = measure(python(BARE) + [str(clip)])
             resize_s, _, _ = measure(python(RESIZE) + [str(clip), str(args.image_size)])
             ours_s, ours_rss, _ = measure(segpipe("decode", clip, "--store", Path(tmp) / f"s{n}.zarr",

@@ -10,7 +10,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
 sys.path.insert(0, str(HERE.parent))
-from measure import measure, python, segpipe, table  # noqa: E402
+from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 
 import make_sample  # noqa: E402
 
@@ -68,7 +68,7 @@ def main():
         base, _ = make_sample.make_clip(num_frames=100, width=320, height=240)
         for n in args.lengths:
             clip = Path(tmp) / f"clip{n}.mp4"
-            make_sample.write_video(clip, base[[i % 100 for i in range(n)]])
+            looped_clip(clip, base, n)
             store = Path(tmp) / f"s{n}.zarr"
             measure(segpipe("decode", clip, "--store", store, "--image-size", args.image_size,
                             "--chunk-size", 16))

@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
 sys.path.insert(0, str(HERE.parent))
-from measure import measure, segpipe, table  # noqa: E402
+from measure import looped_clip, measure, segpipe, table  # noqa: E402
 
 import make_sample  # noqa: E402
 
@@ -47,7 +47,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.lengths:
             clip = Path(tmp) / f"clip{n}.mp4"
-            make_sample.write_video(clip, base[[i % 100 for i in range(n)]])
+            looped_clip(clip, base, n)
             store = Path(tmp) / f"s{n}.zarr"
             measure(segpipe("decode", clip, "--store", store, "--image-size", 64, "--chunk-size", 32))
             fake_tracked_store(store, lambda t: masks[t % 100])

@@ -11,7 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
-from measure import measure, python, segpipe, table  # noqa: E402
+from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 
 import make_sample  # noqa: E402
 
@@ -76,7 +76,7 @@ def main():
         prompts = make_sample.write_prompts(Path(tmp), masks, frames=(0, 3, 6))
         for n in args.lengths:
             clip = Path(tmp) / f"clip{n}.mp4"
-            make_sample.write_video(clip, base[[i % 100 for i in range(n)]])
+            looped_clip(clip, base, n)
             store = Path(tmp) / f"s{n}.zarr"
             _, run_rss, _ = measure(segpipe(
                 "run", clip, "--store", store, "--prompts", prompts, "--chunk-size", 16,

@@ -53,3 +53,12 @@ def table(header: list[str], rows: list[list]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def looped_clip(path: Path, base, frames: int) -> Path:
+    """A clip of `frames` frames cycling through `base` (generating thousands of distinct
+    synthetic frames is slow and changes nothing that is measured)."""
+    sys.path.insert(0, str(ROOT / "data"))
+    import make_sample
+    make_sample.write_video(path, base[[i % len(base) for i in range(frames)]])
+    return path
