@@ -49,8 +49,11 @@ def make_clip(num_frames: int = 48, width: int = 320, height: int = 240, seed: i
     return frames, masks
 
 
-def write_video(path: Path, frames: np.ndarray, fps: int = 24, codec: str = "libx264") -> None:
-    """Write frames with PyAV. libx264 gives a faststart MP4; ffv1 (in .mkv) is lossless RGB."""
+def write_video(path: Path, frames: np.ndarray, fps: int = 24, codec: str = "libx264",
+                encoder_options: dict | None = None) -> None:
+    """Write frames with PyAV; the container follows the suffix (.mp4, .mkv, .ts, .avi ...).
+    libx264 gives a faststart MP4; ffv1 (in .mkv) is lossless RGB; `encoder_options` go to the
+    encoder (e.g. {"g": "48", "bf": "2"})."""
     path = Path(path)
     options = {"movflags": "+faststart"} if path.suffix == ".mp4" else {}
     with av.open(str(path), "w", options=options) as out:
@@ -59,6 +62,7 @@ def write_video(path: Path, frames: np.ndarray, fps: int = 24, codec: str = "lib
         stream.pix_fmt = "bgr0" if codec == "ffv1" else "yuv420p"
         if codec == "libx264":
             stream.options = {"crf": "18", "preset": "veryfast"}
+        stream.options = {**stream.options, **(encoder_options or {})}
         for img in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 out.mux(packet)

@@ -50,6 +50,18 @@ def pass_frames_in(direction: str, start: int, lo: int, hi: int) -> list[int]:
     return list(range(max(start, lo), hi))
 
 
+def passes(direction: str) -> list[str]:
+    """The tracking passes a direction setting runs, in the order they run."""
+    return ["forward", "reverse"] if direction == "both" else [direction]
+
+
+def untracked_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
+    """The chunks no pass of `direction` visits (before the start of a forward-only run,
+    after it in a reverse-only one): their frames are untracked."""
+    reached = {k for d in passes(direction) for k in pass_chunks(plan, d, start)}
+    return [k for k in plan if k not in reached]
+
+
 def pass_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
     """The chunks a tracking pass visits, in its order."""
     return list(dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames)))

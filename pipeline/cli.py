@@ -56,8 +56,7 @@ FORCE_AGAIN = click.option("--force", is_flag=True, help="Start this stage over 
 @contextmanager
 def writing(store: Path):
     """Every command that writes holds the store's lock and stops cleanly on a signal."""
-    interrupt.install()
-    with store_lock(store):
+    with interrupt.finishing_chunks(), store_lock(store):
         yield
 
 
@@ -242,6 +241,7 @@ def limit_malloc_arenas() -> None:
 
 
 def main():
+    interrupt.install()
     limit_malloc_arenas()
     try:
         cli.main(standalone_mode=False)
@@ -252,15 +252,18 @@ def main():
         e.show()
         sys.exit(e.exit_code)
     except (interrupt.Interrupted, KeyboardInterrupt) as e:
-        signum = getattr(e, "signum", 2)
-        click.echo("interrupted: every finished chunk is kept; run the same command again "
-                   "to continue", err=True)
-        sys.exit(128 + signum)
+        interrupt.stop_now(getattr(e, "signum", 2))
     except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        click.echo(f"Error: disk full ({e.filename or 'while writing'}): free some space and run "
-                   f"the same command again; finished chunks are kept", err=True)
+        if e.errno == errno.ENOSPC:
+            click.echo(f"Error: disk full ({e.filename or 'while writing'}): free some space and "
+                       f"run the same command again; finished chunks are kept", err=True)
+        else:
+            click.echo(f"Error: {e.strerror or e} ({e.filename or 'while reading or writing'}); "
+                       f"finished chunks are kept: run the same command again", err=True)
+        sys.exit(1)
+    except MemoryError:
+        click.echo("Error: out of memory; finished chunks are kept: try a smaller --chunk-size "
+                   "or --batch-size and run again", err=True)
         sys.exit(1)
 
 

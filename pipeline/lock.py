@@ -3,44 +3,81 @@
 The lock is an `flock` held for the life of the process, so the kernel drops it when the
 holder dies (kill -9, OOM, power loss): a lock file left behind is stale and is taken over.
 The file records who holds it (pid, host, start time) for the refusal message. It lives
-beside the store, not in it, so it can be taken before a new store is created.
+beside the store, not in it, so it can be taken before a new store is created. The path is
+resolved first, so a symlink or a relative path to the store finds the same lock.
+
+Every stage takes the lock itself (`holds_store_lock`), so work started from Python is
+guarded like work started from the CLI; within one process the lock is re-entrant (`run`
+holds it across the stages it calls).
 """
 from __future__ import annotations
 
 import fcntl
+import functools
+import inspect
 import json
 import os
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UserError
 
+_held: dict[Path, list] = {}  # lock path -> [fd, depth], for this process
+_guard = threading.Lock()
+
 
 def lock_path(store: Path) -> Path:
-    store = Path(store).absolute()
+    store = Path(store).resolve()
     return store.with_name(f".{store.name}.lock")
 
 
 @contextmanager
 def store_lock(store: Path):
     path = lock_path(store)
+    with _guard:
+        if path in _held:
+            _held[path][1] += 1
+        else:
+            _held[path] = [_acquire(path, store), 1]
+    try:
+        yield
+    finally:
+        with _guard:
+            _held[path][1] -= 1
+            if _held[path][1] == 0:
+                os.close(_held.pop(path)[0])  # releases the flock
+
+
+def _acquire(path: Path, store: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"store {store} is in use by {_holder(fd)}; "
-                            f"wait for it to finish (one writer per store)") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise UserError(f"store {store} is in use by {holder}; "
+                        f"wait for it to finish (one writer per store)") from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    return fd
+
+
+def holds_store_lock(fn):
+    """Run a stage function under the lock of the store named by its `store_path` argument."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        store = signature.bind(*args, **kwargs).arguments["store_path"]
+        with store_lock(store):
+            return fn(*args, **kwargs)
+    return locked
 
 
 def _holder(fd: int) -> str:

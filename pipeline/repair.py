@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import log
-from .chunks import ChunkPlan, pass_chunks
+from .chunks import ChunkPlan, pass_chunks, passes, untracked_chunks
 from .errors import UserError
+from .lock import holds_store_lock
 from .store import DamagedStore, RunStore
 
 FRAME_ARRAYS = {"frames": "decode", "pts": "decode", "timestamps": "decode",
                 "features/level0": "encode", "features/level1": "encode",
                 "features/level2": "encode"}
 TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+UNTRACKED = "untracked"  # chunks no pass reaches: rewritten as untracked, no ledger of their own
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
         return found, redo
     T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
     plan = ChunkPlan(T, C)
-    passes = ["forward", "reverse"] if track["direction"] == "both" else [track["direction"]]
-    for d in passes:
+    for d in passes(track["direction"]):
         stage, chunks = f"track_{d}", pass_chunks(plan, d, track["start_frame"])
         prefix = f"memory/{d}"
         if any(store.array(f"{prefix}/prompted_{n}") is not None and not _check(
@@ -72,19 +73,23 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
             if not all([_check(store, name, k, found) for name in names]):
                 redo.setdefault(stage, set()).add(k)
                 if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
-                    for other in passes:  # the chunk's masks hold both passes' frames
+                    for other in passes(track["direction"]):  # the chunk holds both passes' frames
                         if is_done(f"track_{other}", k):
                             redo.setdefault(f"track_{other}", set()).add(k)
+    for k in untracked_chunks(plan, track["direction"], track["start_frame"]):
+        if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
+            redo.setdefault(UNTRACKED, set()).add(k)
     if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
         raise UserError(f"store {store.path}: the stored mask prompts are damaged; track again "
                         f"with `segpipe track --store {store.path} --prompts FILE --force`")
     return found, redo
 
 
+@holds_store_lock
 def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list[Damage]:
     from stages.decode import decode
     from stages.encode import encode
-    from stages.track import track
+    from stages.track import track, write_untracked
 
     store = RunStore.open(store_path)
     if "frame_count" not in store.attrs:
@@ -96,8 +101,13 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
     for d in found:
         log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
     for stage, chunks in redo.items():
-        for k in sorted(chunks):
+        for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)
+    for d in found:  # gone before the redo: a chunk written only in part is read first
+        arr = store.array(d.array)
+        store.chunk_file(d.array, d.chunk, arr.ndim).unlink(missing_ok=True)
+    if UNTRACKED in redo:
+        write_untracked(store, sorted(redo[UNTRACKED]))
     if "decode" in redo:
         decode(Path(store.attrs["source"]["path"]), store.path, quiet=quiet)
     model = store.attrs.get("model")
@@ -106,6 +116,6 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
                device, embedding_dtype=model["embedding_dtype"], quiet=quiet)
     if any(stage.startswith("track") for stage in redo):
         track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
-    n = sum(len(c) for c in redo.values())
+    n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
     log.info(f"repair: recomputed {n} chunk(s) of {', '.join(sorted(redo))}", quiet)
     return found

@@ -1,7 +1,7 @@
 """`segpipe status`: per stage, chunks done / total; per array, bytes on disk."""
 from __future__ import annotations
 
-from .chunks import ChunkPlan, pass_chunks
+from .chunks import ChunkPlan, pass_chunks, passes
 from .store import RunStore
 
 
@@ -16,9 +16,7 @@ def describe(store_path) -> dict:
     track = attrs.get("track")
     if track:
         start = track["start_frame"]
-        passes = {"forward": ["forward"], "reverse": ["reverse"],
-                  "both": ["forward", "reverse"]}[track["direction"]]
-        for d in passes:
+        for d in passes(track["direction"]):
             stages[f"track_{d}"] = {"done": store.ledger(f"track_{d}").count(),
                                     "total": len(pass_chunks(ChunkPlan(T, C), d, start))}
     warnings = []

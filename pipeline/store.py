@@ -59,6 +59,24 @@ def fsync_path_dir(path: Path) -> None:
     _fsync_one(Path(path), os.O_RDONLY)
 
 
+def fsync_entry(path: Path, root: Path) -> None:
+    """Make `path` (a file or a tree) durable together with its directory entries: the
+    path itself, then every directory from its parent up to `root`. A new file (zarr writes
+    a temp file and renames it) survives a power loss only once the directory holding its
+    name is fsynced too."""
+    fsync_path(path)
+    fsync_parents(path, root)
+
+
+def fsync_parents(path: Path, root: Path) -> None:
+    """fsync every directory from `path`'s parent up to `root` (their entry lists only)."""
+    path, root = Path(path), Path(root)
+    for folder in path.parents:
+        fsync_path_dir(folder)
+        if folder == root:
+            break
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write a file so that it exists complete or not at all."""
     path = Path(path)
@@ -126,7 +144,7 @@ class RunStore:
         all_attrs = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, **attrs}
         # One write of the group's zarr.json: the store exists with all its settings or not at all.
         group = zarr.create_group(str(path), attributes=all_attrs)
-        fsync_path(path / "zarr.json")
+        fsync_entry(path / "zarr.json", path.absolute().parent)
         return cls(path, group)
 
     @staticmethod
@@ -140,7 +158,7 @@ class RunStore:
 
     def set_attrs(self, **values) -> None:
         self.group.attrs.update(values)
-        fsync_path(self.path / "zarr.json")
+        fsync_entry(self.path / "zarr.json", self.path)
 
     def require(self, setting: str, have, want) -> None:
         """Refuse to mix settings in one store."""
@@ -152,11 +170,16 @@ class RunStore:
 
     # -- arrays ----------------------------------------------------------------------------
     def array(self, name: str) -> zarr.Array | None:
+        """An array of the store, set to write every chunk, all-fill or not: zarr forgets
+        `write_empty_chunks` when an array is reopened, and a chunk without a file could not
+        be told from a deleted one."""
         try:
             node = self.group[name]
         except KeyError:
             return None
-        return node if isinstance(node, zarr.Array) else None
+        if not isinstance(node, zarr.Array):
+            return None
+        return node.with_config({"write_empty_chunks": True})
 
     def create_array(self, name, shape, chunks, dtype, fill_value=0, compress=True,
                      attributes=None, overwrite=False) -> zarr.Array:
@@ -167,7 +190,7 @@ class RunStore:
             compressors=compressors, attributes=attributes or {}, overwrite=overwrite,
             config={"write_empty_chunks": True},
         )
-        fsync_path(self.path / name / "zarr.json")
+        fsync_entry(self.path / name / "zarr.json", self.path)
         return arr
 
     def ensure_array(self, name, shape, chunks, dtype, **kw) -> zarr.Array:
@@ -206,6 +229,7 @@ class RunStore:
     def delete(self, name: str) -> None:
         if name in self.group:
             del self.group[name]
+            fsync_parents(self.path / name, self.path)  # the removal, durably
 
     def array_bytes(self) -> dict[str, int]:
         """Bytes on disk under each array of the store."""
@@ -226,14 +250,19 @@ class RunStore:
 
     def commit_array(self, name: str) -> None:
         """Make a whole (small) array durable."""
-        fsync_path(self.path / name)
+        fsync_entry(self.path / name, self.path)
+
+    def sync_chunk(self, arrays, chunk: int) -> None:
+        """Make chunk `chunk` (along the first axis) of `arrays` durable, directory entries
+        included."""
+        for name in arrays:
+            fsync_path(self.path / name / "zarr.json")
+            fsync_entry(self.path / name / "c" / str(chunk), self.path)
 
     def commit(self, stage: str, chunk: int, arrays: list[str] = (), files: list[Path] = ()) -> None:
         """Make chunk `chunk` of `arrays` (and any output `files`) durable, then record it done
         for `stage`: the done-record is written last, so a crash loses at most this chunk."""
-        for name in arrays:
-            fsync_path(self.path / name / "zarr.json")
-            fsync_path(self.path / name / "c" / str(chunk))
+        self.sync_chunk(arrays, chunk)
         for path in files:
             fsync_path(path)
         for folder in {Path(p).parent for p in files}:
@@ -284,16 +313,16 @@ class Ledger:
         arr = self._array(create=True)
         if chunk >= arr.shape[0]:
             arr.resize((chunk + 1,))
-            fsync_path(self.store.path / self.name / "zarr.json")
+            fsync_entry(self.store.path / self.name / "zarr.json", self.store.path)
         arr[chunk] = 1
-        fsync_path(self.store.path / self.name / "c" / str(chunk))
+        fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
 
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
         arr = self._array()
         if arr is not None and chunk < arr.shape[0]:
             arr[chunk] = 0
-            fsync_path(self.store.path / self.name / "c" / str(chunk))
+            fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
 
     def reset(self) -> None:
         self.store.delete(self.name)
@@ -324,4 +353,4 @@ def reset_from(store: RunStore, stage: str) -> None:
         for key in STAGE_OUTPUTS[s]["attrs"]:
             if key in store.group.attrs:
                 del store.group.attrs[key]
-    fsync_path(store.path / "zarr.json")
+    fsync_entry(store.path / "zarr.json", store.path)

@@ -67,24 +67,81 @@ def probe(path: Path) -> VideoInfo:
         container.close()
 
 
-def iter_frames(path: Path, after_pts: int | None = None, skip: int = 0
+# How far before the resume point a seek is retried when it lands late (MPEG-TS lands a
+# GOP late, AVI with B-frames a few frames late), in seconds; then decoding starts over.
+SEEK_BACKOFF_S = (0.0, 2.0, 10.0, 60.0)
+
+
+def iter_frames(path: Path, start: int = 0, before_pts: int | None = None
                 ) -> Iterator[tuple[int | None, float, "av.VideoFrame"]]:
-    """Yield (pts, seconds, frame). Resume either after a known pts (seek, frame-exact) or by
-    skipping `skip` frames from the start when the container has no usable pts."""
+    """Yield (pts, seconds, frame) from frame index `start` on: the one way segpipe picks a
+    source up again (resumed decode, repair, overlay export).
+
+    `before_pts` is the stored pts of frame start-1. A seek is used only when it is proven
+    to have landed at or before that frame: the decoder must output the frame with exactly
+    that pts before anything is yielded. Seeks that land late are retried further back, and
+    as a last resort (or without pts) the stream is decoded from the start, skipping
+    `start` frames by count and checking frame start-1's pts. Frames already stored are
+    never shifted."""
+    if start > 0 and before_pts is not None and before_pts >= 0:
+        for back in SEEK_BACKOFF_S:
+            frames = _seek_frames(path, before_pts, back)
+            if frames is not None:
+                yield from frames
+                return
+    yield from _counted_frames(path, start, before_pts)
+
+
+def _seek_frames(path: Path, before_pts: int, back_s: float):
+    """A generator positioned just after the frame with pts `before_pts`, or None when a
+    seek `back_s` seconds before it does not provably land at or before that frame."""
     container, stream = open_video(path)
+    found = False
     try:
-        if after_pts is not None:
-            container.seek(after_pts, stream=stream, backward=True, any_frame=False)
-        for frame in _decode(container, stream):
-            if after_pts is not None and frame.pts is not None and frame.pts <= after_pts:
-                continue
-            if skip:
-                skip -= 1
-                continue
-            seconds = float(frame.pts * stream.time_base) if frame.pts is not None else float("nan")
-            yield frame.pts, seconds, frame
+        try:
+            target = max(0, before_pts - int(back_s / stream.time_base))
+            container.seek(target, stream=stream, backward=True, any_frame=False)
+        except av.FFmpegError:
+            return None  # not seekable: decode from the start
+        frames = _decode(container, stream)
+        for frame in frames:
+            if frame.pts is None or frame.pts > before_pts:
+                return None  # landed late, or no pts to prove the position with
+            if frame.pts == before_pts:
+                found = True
+                return _rest(container, stream, frames)
+        return None
+    except DecodeError:
+        return None  # damage near the seek point: decode from the start instead
+    finally:
+        if not found:
+            container.close()
+
+
+def _rest(container, stream, frames):
+    try:
+        for frame in frames:
+            yield frame.pts, _seconds(frame, stream), frame
     finally:
         container.close()
+
+
+def _counted_frames(path: Path, start: int, before_pts: int | None):
+    container, stream = open_video(path)
+    try:
+        for i, frame in enumerate(_decode(container, stream)):
+            if i == start - 1 and before_pts is not None and before_pts >= 0 \
+                    and frame.pts != before_pts:
+                raise UserError(f"frame {i} of {path} no longer has the timestamp it was stored "
+                                f"with ({frame.pts}, not {before_pts}): the file changed")
+            if i >= start:
+                yield frame.pts, _seconds(frame, stream), frame
+    finally:
+        container.close()
+
+
+def _seconds(frame, stream) -> float:
+    return float(frame.pts * stream.time_base) if frame.pts is not None else float("nan")
 
 
 class DecodeError(Exception):
@@ -92,14 +149,23 @@ class DecodeError(Exception):
 
 
 def _decode(container, stream):
-    """Decoded frames; a damaged stream ends in `DecodeError`."""
+    """Decoded frames; a damaged stream ends in `DecodeError`. Anything that is not damage
+    in the data (an I/O error, memory, a signal) propagates: it must never be mistaken for
+    the end of the video."""
     try:
         for frame in container.decode(stream):
             yield frame
     except av.EOFError:
         return
-    except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged data
-        raise DecodeError(_reason(e)) from None
+    except av.FFmpegError as e:
+        if is_damage(e):
+            raise DecodeError(_reason(e)) from None
+        raise
+
+
+def is_damage(e: BaseException) -> bool:
+    """An error that says the data is broken, as opposed to reading it failing."""
+    return isinstance(e, (av.FFmpegError, ValueError)) and not isinstance(e, (OSError, MemoryError))
 
 
 def _reason(e: Exception) -> str:

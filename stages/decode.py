@@ -1,7 +1,8 @@
 """Decode stage: stream the video with PyAV into `frames` (T, S, S, 3) uint8, chunk by chunk.
 
 Frames are resized to the model's square input as SAM 2's own frame loader does
-(`PIL.Image.resize((S, S))`, PIL's default filter). Never more than one chunk is held.
+(`PIL.Image.resize((S, S))`, PIL's default filter). At most two chunks of resized frames
+are held (the one being filled and the one being written).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import numpy as np
 
 from pipeline.chunks import ChunkPlan
 from pipeline.errors import UserError
+from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, file_identity, same_file
-from pipeline.video import DecodeError, iter_frames, probe
+from pipeline.video import DecodeError, is_damage, iter_frames, probe
 from pipeline import log
 
 STAGE = "decode"
@@ -63,6 +65,7 @@ def check_store(store: RunStore, video: Path, chunk_size, image_size) -> None:
         store.require("image_size", store.attrs["image_size"], image_size)
 
 
+@holds_store_lock
 def decode(video: Path, store_path: Path, chunk_size: int | None = None,
            image_size: int | None = None, quiet: bool = False, force: bool = False) -> RunStore:
     store = open_or_create_store(video, store_path, chunk_size, image_size, force)
@@ -75,16 +78,12 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
         return store
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
-    ledger = store.ledger(STAGE)
-    done = ledger.done()
-    resume_chunk = int(np.argmin(done)) if not done.all() else len(done)  # first undone chunk
+    resume_chunk = resume_from(store, C)
     start = resume_chunk * C
-    if done.all() and store.array("frames") is not None and store.array("frames").shape[0] < start:
-        start = store.array("frames").shape[0]  # the last chunk was short: the video had ended
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
-    after_pts, skip = resume_point(store, start)
+    before_pts = stored_pts_before(store, start)
 
     claimed = store.attrs["video"]["claimed_frames"]
     broke_off = None
@@ -107,7 +106,9 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             nonlocal k, pending, batch, batch_pts, batch_times
             try:
                 chunk = np.stack([f.result() for f in batch])
-            except Exception as e:  # noqa: BLE001 - a frame that cannot become RGB
+            except Exception as e:  # noqa: BLE001 - sorted by is_damage below
+                if not is_damage(e):
+                    raise
                 raise DecodeError(f"frame {k * C} onwards cannot be converted ({e})") from None
             if pending is not None:
                 pending.result()
@@ -115,7 +116,7 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             k, batch, batch_pts, batch_times = k + 1, [], [], []
 
         try:
-            for pts, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
+            for pts, seconds, frame in iter_frames(video, start, before_pts):
                 batch.append(resizer.submit(model_input, frame, S))
                 batch_pts.append(-1 if pts is None else pts)
                 batch_times.append(seconds)
@@ -127,7 +128,7 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
         except DecodeError as e:
             broke_off = str(e)
             if batch and all(f.exception() is None for f in batch):
-                flush()
+                flush()  # the good frames before the damage: the video ends there
         if pending is not None:
             pending.result()
     total = frames.shape[0]
@@ -145,13 +146,19 @@ def model_input(frame, size: int) -> np.ndarray:
     return np.asarray(frame.to_image().resize((size, size)))
 
 
-def resume_point(store: RunStore, start: int) -> tuple[int | None, int]:
-    """Where to pick the source up for frame `start`: after the pts of frame start-1 (a
-    frame-exact seek), or by skipping `start` frames when the stream has no pts."""
-    if start == 0:
-        return None, 0
-    before = int(store.read("pts", start - 1, start)[0])
-    return (before, 0) if before >= 0 else (None, start)
+def resume_from(store: RunStore, C: int) -> int:
+    """The chunk an unfinished decode continues from: the first chunk not done, and never
+    after a short chunk. A short chunk is the end of the video only together with the frame
+    count (recorded after it), so without the count it is decoded again."""
+    done = store.ledger(STAGE).done()
+    first_undone = int(np.argmin(done)) if not done.all() else len(done)
+    frames = store.array("frames")
+    return min(first_undone, frames.shape[0] // C) if frames is not None else 0
+
+
+def stored_pts_before(store: RunStore, start: int) -> int | None:
+    """The stored pts of frame start-1: where `iter_frames` picks the source up again."""
+    return int(store.read("pts", start - 1, start)[0]) if start > 0 else None
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
@@ -160,9 +167,8 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
     plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
     for k in chunks:
         lo, hi = plan.bounds(k)
-        after_pts, skip = resume_point(store, lo)
         frames, pts, times = [], [], []
-        for p, seconds, frame in iter_frames(video, after_pts=after_pts, skip=skip):
+        for p, seconds, frame in iter_frames(video, lo, stored_pts_before(store, lo)):
             frames.append(model_input(frame, S))
             pts.append(-1 if p is None else p)
             times.append(seconds)

@@ -17,6 +17,7 @@ from pipeline import log
 from pipeline.chunks import ChunkPlan
 from pipeline.errors import UserError
 from pipeline.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
+from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, reset_from
 
 STAGE = "encode"
@@ -73,6 +74,7 @@ def require_decoded(store: RunStore) -> int:
     return store.attrs["frame_count"]
 
 
+@holds_store_lock
 def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,

@@ -17,9 +17,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipeline import log
-from pipeline.chunks import ChunkPlan, pass_chunks
+from pipeline.chunks import ChunkPlan, pass_chunks, passes
 from pipeline.errors import UserError
-from pipeline.store import RunStore, atomic_write, fsync_path, same_file
+from pipeline.lock import holds_store_lock
+from pipeline.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
 from pipeline.video import iter_frames
 
 FORMATS = ("davis", "vis-json", "overlay")
@@ -174,6 +175,7 @@ class VisJsonWriter:
             f.flush()
         fsync_path(tmp)
         tmp.replace(self.out)
+        fsync_path_dir(self.out.parent)
 
 
 class OverlayWriter:
@@ -185,6 +187,7 @@ class OverlayWriter:
         self.out, self.ids, self.video, self.source = job.out, job.ids, job.video, job.source
         self.store = job.store
         self.parts = parts_dir(job.out)
+        self.source_frames, self.next_frame = None, None  # the source, read on across chunks
         palette = davis_palette()
         self.colours = {i: np.array(palette[3 * (i % 255 or 1): 3 * (i % 255 or 1) + 3], np.float32)
                         for i in job.ids}
@@ -192,10 +195,21 @@ class OverlayWriter:
     def start(self):
         self.parts.mkdir(parents=True, exist_ok=True)
 
+    def frames(self, lo: int, n: int):
+        """Source frames lo..lo+n-1: consecutive chunks read on from one open decoder, so the
+        source is decoded once, whatever its seeking (and however long the video)."""
+        if self.next_frame != lo:
+            before = int(self.store.read("pts", lo - 1, lo)[0]) if lo > 0 else None
+            self.source_frames = iter_frames(self.source, lo, before)
+        self.next_frame = lo + n
+        for t in range(lo, lo + n):
+            frame = next(self.source_frames, None)
+            if frame is None:
+                raise UserError(f"source video {self.source} ends before frame {t}; overlay refused")
+            yield frame
+
     def chunk(self, k, lo, masks) -> list[Path]:
-        before = int(self.store.read("pts", lo - 1, lo)[0]) if lo > 0 else -1  # resume after frame lo-1
-        frames = iter_frames(self.source, after_pts=before if before >= 0 else None,
-                             skip=lo if lo > 0 and before < 0 else 0)
+        frames = self.frames(lo, len(masks))
         path = self.parts / f"{k:06d}.mp4"
         tmp = self.parts / f".{k:06d}.tmp.mp4"
         with av.open(str(tmp), "w") as out:
@@ -261,6 +275,7 @@ class OverlayWriter:
                     offset = last
         fsync_path(tmp)
         tmp.replace(self.out)
+        fsync_path_dir(self.out.parent)
 
 
 WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
@@ -306,13 +321,13 @@ def require_tracked(store: RunStore) -> dict:
     if settings is None:
         raise UserError(f"store {store.path} has no tracking results yet (run `segpipe track`)")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
-    passes = ["forward", "reverse"] if settings["direction"] == "both" else [settings["direction"]]
-    for d in passes:
+    for d in passes(settings["direction"]):
         if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, settings["start_frame"])):
             raise UserError(f"store {store.path}: tracking is not finished (run `segpipe track`)")
     return settings
 
 
+@holds_store_lock
 def export(store_path, fmt: str, out, frames: str | None = None, objects: str | None = None,
            quiet: bool = False, force: bool = False) -> Path:
     store = RunStore.open(store_path)

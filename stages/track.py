@@ -19,9 +19,11 @@ import torch
 
 from pipeline import log
 from pipeline import prompts as prompt_file
-from pipeline.chunks import ChunkPlan, pass_chunks, pass_frames, pass_frames_in
+from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frames, pass_frames_in, passes,
+                             untracked_chunks)
 from pipeline.errors import UserError
 from pipeline.model import build_model, pick_device, resolve_weights
+from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, reset_from
 from stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
@@ -249,7 +251,22 @@ def prepare(store: RunStore, prompts: list, direction: str, force: bool, quiet: 
     if len(masks):
         store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[...] = masks
         store.commit_array("prompt_masks")
+    write_untracked(store, untracked_chunks(ChunkPlan(T, C), direction, settings["start_frame"]))
     store.set_attrs(track=settings)
+
+
+def write_untracked(store: RunStore, chunks) -> None:
+    """Write the chunks no pass reaches as untracked (no masks, NaN scores): every chunk of
+    the results then exists, and reads back as untracked rather than missing. They need no
+    ledger: they are written before the tracking settings are recorded (`prepare`)."""
+    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+    masks, scores, tracked = (store.array(name) for name in TRACK_ARRAYS)
+    for k in chunks:
+        lo, hi = plan.bounds(k)
+        masks[lo:hi] = False
+        scores[lo:hi] = np.nan
+        tracked[lo:hi] = False
+        store.sync_chunk(TRACK_ARRAYS, k)
 
 
 def stored_prompts(store: RunStore) -> list:
@@ -260,6 +277,7 @@ def stored_prompts(store: RunStore) -> list:
     return prompt_file.from_record(settings["prompts"], masks)
 
 
+@holds_store_lock
 def track(store_path, prompts_path=None, direction: str | None = None, device: str = "auto",
           checkpoint: str | None = None, quiet: bool = False, predictor=None,
           force: bool = False) -> RunStore:
@@ -286,8 +304,7 @@ def track(store_path, prompts_path=None, direction: str | None = None, device: s
         log.warn("random weights: masks from them mean nothing")
     prepare(store, prompts, direction, force, quiet)
     start = min(p.frame for p in prompts)
-    passes = ["forward", "reverse"] if direction == "both" else [direction]
-    pending = [d for d in passes
+    pending = [d for d in passes(direction)
                if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, start))]
     if not pending:
         log.info("track: already complete", quiet)

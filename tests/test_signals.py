@@ -1,0 +1,73 @@
+"""A second Ctrl-C (or SIGTERM) always ends the command at once with 130 (143) and the
+one-line resume hint, wherever it lands; the store then resumes to the same result."""
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import make_sample
+from conftest import ROOT, assert_same_store, ledger_count, segpipe, wait_for
+
+STAGES = ("decode", "encode", "track_forward", "track_reverse")
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    root = tmp_path_factory.mktemp("signals")
+    frames, masks = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
+    make_sample.write_video(root / "clip.mp4", frames)
+    make_sample.write_prompts(root, masks, frames=(5, 8, 11))
+    return root
+
+
+def run_args(clip, store):
+    return ("run", clip / "clip.mp4", "--store", store, "--prompts", clip / "prompts.json",
+            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0, "--export", "none")
+
+
+def progress(store):
+    return sum(ledger_count(store, s) for s in STAGES)
+
+
+def test_second_signal_always_exits_with_the_hint(clip, tmp_path):
+    reference = tmp_path / "ref.zarr"
+    segpipe(*run_args(clip, reference), "--quiet", check=True)
+    total = progress(reference)
+    store = tmp_path / "s.zarr"
+    rng = random.Random(3)
+    outcomes = []
+    for trial in range(6):
+        signum = signal.SIGTERM if trial % 3 == 2 else signal.SIGINT
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli",
+                                 *map(str, run_args(clip, store))],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        floor = progress(store) + 1
+        if not wait_for(lambda: progress(store) >= floor, proc, timeout=300):
+            proc.communicate()
+            break  # finished
+        proc.send_signal(signum)
+        time.sleep(rng.choice([0, 0.001, 0.01, 0.05, 0.2]))
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        outcomes.append((proc.returncode, err))
+        assert proc.returncode == 128 + signum, (trial, proc.returncode, err)
+        assert "run the same command again to continue" in err, err
+        assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert len(outcomes) >= 4 and progress(store) < total or len(outcomes) == 6
+    segpipe(*run_args(clip, store), "--quiet", check=True)
+    assert_same_store(reference, store)
+
+
+def test_a_signal_outside_writing_ends_quietly(clip, tmp_path):
+    """`status` has no chunk to finish: one signal ends it, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, '.'); sys.argv = ['segpipe', 'status', '--store', 'x'];"
+        "from pipeline import cli, interrupt; interrupt.install(); print('ready', flush=True); "
+        "time.sleep(30)")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err

@@ -1,0 +1,142 @@
+"""The store's promises below the stages: every chunk has a file, commits reach the disk with
+their directory entries, one writer per store whatever the path or the caller."""
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import make_sample
+from conftest import ROOT, assert_user_error, segpipe, tree_digest
+from pipeline.errors import UserError
+from pipeline.store import RunStore
+
+
+def test_reopened_arrays_still_write_all_fill_chunks(tmp_path):
+    store = RunStore.create(tmp_path / "s.zarr", {"chunk_size": 4})
+    store.create_array("masks", (12, 2, 3), (4, 2, 3), "bool", fill_value=False)
+    reopened = RunStore.open(tmp_path / "s.zarr")
+    reopened.array("masks")[4:8] = False  # all fill
+    reopened.array("masks")[8:12] = np.ones((4, 2, 3), bool)
+    assert reopened.chunk_file("masks", 1, 3).is_file()
+    assert reopened.chunk_file("masks", 2, 3).is_file()
+    assert not reopened.read("masks", 4, 8).any()
+
+
+def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
+    """Frames 8..15 are black; the decode resumes at chunk 1, through a reopened array."""
+    frames, _ = make_sample.make_clip(num_frames=24, width=64, height=48)
+    frames[8:16] = 0
+    video = tmp_path / "black.mkv"
+    make_sample.write_video(video, frames, codec="ffv1")
+    store = tmp_path / "s.zarr"
+    segpipe("decode", video, "--store", store, "--chunk-size", 8, "--image-size", 32, check=True)
+    group = zarr.open_group(str(store), mode="r+")
+    del group.attrs["frame_count"], group.attrs["decode_warning"]
+    for name in ("frames", "pts", "timestamps"):
+        group[name].resize((8, *group[name].shape[1:]))
+    group["ledger/decode"].resize((1,))
+    segpipe("decode", video, "--store", store, "--chunk-size", 8, "--image-size", 32, check=True)
+    assert (store / "frames" / "c" / "1" / "0" / "0" / "0").is_file()
+    assert not RunStore.open(store).read("frames", 8, 16).any()
+    proc = segpipe("repair", "--store", store, check=True)
+    assert "no damage found" in proc.stderr
+
+
+# -- power loss: directory entries are durable before the ledger entry ---------------------
+
+def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(tmp_path, monkeypatch,
+                                                                     clip_dir):
+    """A spy on os.fsync (it still syncs) records what was made durable, in order."""
+    from stages.decode import decode
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    store = (tmp_path / "s.zarr").resolve()
+    decode(clip_dir / "clip.mp4", store, chunk_size=8, image_size=32, quiet=True)
+    monkeypatch.undo()
+    for k in range(5):
+        entry = synced.index(str(store / "ledger" / "decode" / "c" / str(k)))
+        before = set(synced[:entry])
+        for name in ("frames", "pts", "timestamps"):
+            chunk = store.joinpath(name, "c", str(k), *["0"] * (3 if name == "frames" else 0))
+            assert str(chunk) in before, chunk
+            for folder in chunk.parents:  # every directory entry on the way to the store
+                assert str(folder) in before, (folder, k)
+                if folder == store:
+                    break
+        after = set(synced[entry:])
+        assert str(store / "ledger" / "decode" / "c") in after  # the entry's own name
+
+
+def test_zarr_is_pinned_to_atomic_writes():
+    """zarr writes chunks as temp-file-and-rename from 3.1.3 on."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "zarr>=3.1.3,<4" in deps
+    assert tuple(int(v) for v in zarr.__version__.split(".")[:3]) >= (3, 1, 3)
+
+
+# -- one writer per store ------------------------------------------------------------------
+
+def hold_lock(path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, '.');"
+        "from pipeline.lock import store_lock\n"
+        f"with store_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)")],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@pytest.fixture
+def decoded(tmp_path, clip_dir):
+    store = tmp_path / "real" / "s.zarr"
+    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 8,
+            "--image-size", 32, check=True)
+    return store
+
+
+def test_a_symlink_or_relative_path_finds_the_same_lock(decoded, tmp_path, clip_dir):
+    link = tmp_path / "link.zarr"
+    link.symlink_to(decoded)
+    holder = hold_lock(decoded)
+    try:
+        before = tree_digest(decoded)
+        for path in (link, os.path.relpath(decoded, ROOT)):
+            proc = segpipe("decode", clip_dir / "clip.mp4", "--store", path, "--force")
+            assert_user_error(proc, "in use by", f"pid {holder.pid}")
+        assert tree_digest(decoded) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
+    from stages.decode import decode
+    from stages.export import export
+    holder = hold_lock(decoded)
+    try:
+        before = tree_digest(decoded)
+        with pytest.raises(UserError, match="in use by"):
+            decode(clip_dir / "clip.mp4", decoded, force=True, quiet=True)
+        with pytest.raises(UserError, match="in use by"):
+            export(decoded, "davis", decoded.parent / "out", quiet=True)
+        assert tree_digest(decoded) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # and the other way round: while Python holds it, the CLI is refused
+    from pipeline.lock import store_lock
+    with store_lock(decoded), store_lock(decoded):  # re-entrant within one process
+        assert_user_error(segpipe("decode", clip_dir / "clip.mp4", "--store", decoded), "in use by")
+    shutil.rmtree(decoded.parent / "out", ignore_errors=True)
