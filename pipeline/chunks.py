@@ -62,6 +62,19 @@ def untracked_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
     return [k for k in plan if k not in reached]
 
 
+def pass_frame_count_in(direction: str, start: int, lo: int, hi: int) -> int:
+    """len(pass_frames_in(direction, start, lo, hi)), without listing the frames."""
+    if direction == "reverse":
+        return max(0, min(start, hi - 1) - lo + 1) if start > 0 else 0
+    return max(0, hi - max(start, lo))
+
+
 def pass_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
-    """The chunks a tracking pass visits, in its order."""
-    return list(dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames)))
+    """The chunks a tracking pass visits, in its order: the chunks of `pass_frames`, computed
+    from the chunk bounds (forward: the start's chunk to the last; reverse: the start's chunk
+    down to 0, none from frame 0)."""
+    if direction == "reverse":
+        return list(range(plan.chunk_of(start), -1, -1)) if start > 0 else []
+    if start >= plan.num_frames:
+        return []
+    return list(range(plan.chunk_of(start), plan.num_chunks))

@@ -10,6 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import google_crc32c  # zarr's own crc32c implementation (Crc32cCodec)
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
@@ -88,6 +89,19 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _tree_bytes(folder) -> int:
+    """Total size of the files under `folder`."""
+    total, stack = 0, [folder]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file():
+                    total += entry.stat().st_size
+    return total
+
+
 def _fsync_one(path: Path, flags: int) -> None:
     fd = os.open(path, flags)
     try:
@@ -111,6 +125,7 @@ class RunStore:
     def __init__(self, path: Path, group: zarr.Group):
         self.path = path
         self.group = group
+        self._ledgers: dict[str, Ledger] = {}  # one per stage, its done-vector cached
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -230,23 +245,27 @@ class RunStore:
         if name in self.group:
             del self.group[name]
             fsync_parents(self.path / name, self.path)  # the removal, durably
+        for ledger in self._ledgers.values():  # a deleted ledger (or its folder) is read again
+            if ledger.name == name or ledger.name.startswith(name.rstrip("/") + "/"):
+                ledger._done = None
 
     def array_bytes(self) -> dict[str, int]:
-        """Bytes on disk under each array of the store."""
+        """Bytes on disk under each array of the store (one walk; each array's files once)."""
         sizes = {}
-        for root, _dirs, files in os.walk(self.path):
+        for root, dirs, files in os.walk(self.path):
             rel = Path(root).relative_to(self.path)
-            if "zarr.json" in files and rel != Path("."):
-                node = self.array(str(rel))
-                if node is not None:
-                    sizes[str(rel)] = sum(
-                        f.stat().st_size for f in Path(root).rglob("*") if f.is_file()
-                    )
+            if "zarr.json" in files and rel != Path(".") and self.array(str(rel)) is not None:
+                sizes[str(rel)] = _tree_bytes(root)
+                dirs[:] = []  # counted: an array holds no other node
         return dict(sorted(sizes.items()))
 
     # -- chunk commits ---------------------------------------------------------------------
     def ledger(self, stage: str) -> "Ledger":
-        return Ledger(self, stage)
+        """The stage's ledger; the same object every time, so its done-vector is read once."""
+        ledger = self._ledgers.get(stage)
+        if ledger is None:
+            ledger = self._ledgers[stage] = Ledger(self, stage)
+        return ledger
 
     def commit_array(self, name: str) -> None:
         """Make a whole (small) array durable."""
@@ -271,12 +290,42 @@ class RunStore:
         interrupt.check()  # a Ctrl-C / SIGTERM stops here, between two committed chunks
 
 
+def _record(value: int) -> bytes:
+    """A ledger chunk file as zarr writes it: the uint8 value, then its crc32c checksum,
+    exactly as `Crc32cCodec` appends it (the uint32 in native byte order)."""
+    data = np.array([value], dtype=np.uint8).tobytes()
+    return data + np.uint32(google_crc32c.value(data)).tobytes()
+
+
+DONE_RECORD = _record(1)  # the only chunk file that reads back as 1 (done)
+
+
+def _plain_layout(arr: zarr.Array) -> bool:
+    """Whether the ledger array is laid out as segpipe writes it (1-D uint8, chunks of 1 under
+    `c/<k>`, bytes + crc32c codecs, fill 0), so its chunk files can be read directly."""
+    meta = arr.metadata
+    try:
+        return (meta.zarr_format == 3 and arr.ndim == 1 and arr.dtype == np.uint8
+                and arr.chunks == (1,) and int(meta.fill_value) == 0
+                and meta.to_dict()["chunk_key_encoding"] == {"name": "default",
+                                                             "configuration": {"separator": "/"}}
+                and [c["name"] for c in meta.to_dict()["codecs"]] == ["bytes", "crc32c"]
+                and not meta.storage_transformers)
+    except Exception:  # noqa: BLE001 - any other layout: read through zarr
+        return False
+
+
 class Ledger:
-    """Per-stage done-records: uint8 array `ledger/<stage>`, one zarr chunk per pipeline chunk."""
+    """Per-stage done-records: uint8 array `ledger/<stage>`, one zarr chunk per pipeline chunk.
+
+    The done-vector is read once (from the chunk files directly: a long video has tens of
+    thousands) and then kept up to date by `mark_done`, `undo` and `reset`; a store has one
+    writer, so it stays true. `RunStore.ledger` hands out one `Ledger` per stage."""
 
     def __init__(self, store: RunStore, stage: str):
         self.store = store
         self.name = f"ledger/{stage}"
+        self._done: bytearray | None = None  # 1 per chunk recorded done; None: not read yet
 
     def _array(self, create: bool = False) -> zarr.Array | None:
         arr = self.store.array(self.name)
@@ -284,48 +333,122 @@ class Ledger:
             arr = self.store.create_array(self.name, (0,), (1,), "uint8", compress=False)
         return arr
 
-    def done(self) -> np.ndarray:
-        """Boolean vector over chunk indices recorded so far; an unreadable record counts as
-        not done (the chunk is simply redone)."""
+    def _vector(self) -> bytearray:
+        if self._done is None:
+            self._done = self._read()
+        return self._done
+
+    def _read(self) -> bytearray:
         arr = self._array()
         if arr is None or arr.shape[0] == 0:
-            return np.zeros(0, dtype=bool)
+            return bytearray()
+        if _plain_layout(arr):
+            done = self._read_files(arr.shape[0])
+            if done is not None:
+                return done
+        return self._read_zarr(arr)
+
+    def _read_files(self, n: int) -> bytearray | None:
+        """Chunk k is done when its file holds exactly `DONE_RECORD` (value 1 and a matching
+        crc32c); a missing, short, corrupt or unreadable file is not done, as zarr reads it."""
+        folder = self.store.path / self.name / "c"
+        done = bytearray(n)
+        use_dir_fd = os.open in os.supports_dir_fd
         try:
-            return arr[:] == 1
+            names = os.listdir(folder)
+            dir_fd = os.open(folder, os.O_RDONLY) if use_dir_fd else None
+        except FileNotFoundError:
+            return done  # no chunk written yet
+        except OSError:
+            return None  # read through zarr instead
+        size = len(DONE_RECORD) + 1  # one byte more: a longer file is not a done record
+        try:
+            for name in names:
+                if not (name.isascii() and name.isdigit()):
+                    continue
+                k = int(name)
+                if k >= n or str(k) != name:
+                    continue
+                try:
+                    fd = (os.open(name, os.O_RDONLY, dir_fd=dir_fd) if use_dir_fd
+                          else os.open(folder / name, os.O_RDONLY))
+                    try:
+                        data = os.read(fd, size)
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    continue  # unreadable (or a directory): not done
+                if data == DONE_RECORD:
+                    done[k] = 1
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        return done
+
+    @staticmethod
+    def _read_zarr(arr: zarr.Array) -> bytearray:
+        try:
+            return bytearray((arr[:] == 1).astype(np.uint8).tobytes())
         except Exception:  # noqa: BLE001 - a damaged record
-            done = np.zeros(arr.shape[0], dtype=bool)
+            done = bytearray(arr.shape[0])
             for k in range(arr.shape[0]):
                 try:
-                    done[k] = arr[k] == 1
+                    done[k] = int(arr[k] == 1)
                 except Exception:  # noqa: BLE001
                     pass
             return done
 
+    def done(self) -> np.ndarray:
+        """Boolean vector over chunk indices recorded so far; an unreadable record counts as
+        not done (the chunk is simply redone)."""
+        return np.frombuffer(bytes(self._vector()), dtype=np.uint8) == 1
+
     def todo(self, chunks) -> list[int]:
         """The chunks of `chunks` (in their order) not recorded done."""
-        done = self.done()
-        return [k for k in chunks if not (k < len(done) and done[k])]
+        done = self._vector()
+        n = len(done)
+        return [k for k in chunks if not (k < n and done[k])]
 
     def count(self) -> int:
-        return int(self.done().sum())
+        return self._vector().count(1)
+
+    def _set(self, chunk: int, value: int) -> None:
+        if self._done is not None:
+            if chunk >= len(self._done):
+                self._done.extend(bytes(chunk + 1 - len(self._done)))
+            self._done[chunk] = value
 
     def mark_done(self, chunk: int) -> None:
-        arr = self._array(create=True)
-        if chunk >= arr.shape[0]:
-            arr.resize((chunk + 1,))
-            fsync_entry(self.store.path / self.name / "zarr.json", self.store.path)
-        arr[chunk] = 1
-        fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
+        try:
+            arr = self._array(create=True)
+            if chunk >= arr.shape[0]:
+                arr.resize((chunk + 1,))
+                fsync_entry(self.store.path / self.name / "zarr.json", self.store.path)
+            arr[chunk] = 1
+            fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
+        except BaseException:
+            self._done = None  # the record's state is unknown: read it again when asked
+            raise
+        self._set(chunk, 1)
 
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
-        arr = self._array()
-        if arr is not None and chunk < arr.shape[0]:
-            arr[chunk] = 0
-            fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
+        try:
+            arr = self._array()
+            if arr is not None and chunk < arr.shape[0]:
+                arr[chunk] = 0
+                fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
+                self._set(chunk, 0)
+        except BaseException:
+            self._done = None
+            raise
 
     def reset(self) -> None:
-        self.store.delete(self.name)
+        try:
+            self.store.delete(self.name)
+        finally:
+            self._done = None
+        self._done = bytearray()
 
 
 # What each stage owns in the store: resetting a stage resets every later one too.

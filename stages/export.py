@@ -145,37 +145,70 @@ class VisJsonWriter:
         atomic_write(path, json.dumps(part).encode())
         return [path]
 
+    KEYS = ("segmentations", "areas", "bboxes")
+    BATCH = 64  # objects gathered per pass over the parts (3 open files each)
+
     def finish(self, chunks):
-        """Assemble the parts into one JSON, streaming each object's per-frame lists part by
-        part, so memory stays bounded by one part whatever the video's length."""
+        """Assemble the parts into one JSON. Each part is parsed once per batch of objects:
+        its items, serialized, are appended to one file per object and key in the parts
+        folder, which are then streamed into the JSON in order. Memory stays bounded by one
+        part whatever the video's length."""
         length = self.frames[1] - self.frames[0]
         W, H = self.video["width"], self.video["height"]
+        work = self.parts / "assemble"
+        shutil.rmtree(work, ignore_errors=True)  # left by an interrupted finish
+        work.mkdir(parents=True)
         tmp = self.out.with_name(f".{self.out.name}.tmp")
+        objects = list(enumerate(self.ids))
         with open(tmp, "w") as f:
             f.write('{"info": {"description": "segpipe export"}, "videos": ')
             f.write(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
                                  "file_names": [f"{t:05d}.jpg" for t in range(*self.frames)]}]))
             f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
             f.write(', "annotations": [')
-            for n, obj in enumerate(self.ids):
-                head = json.dumps({"id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1,
-                                   "iscrowd": 0, "height": H, "width": W, "length": length})
-                f.write(("," if n else "") + head[:-1])
-                for key in ("segmentations", "areas", "bboxes"):
-                    f.write(f', "{key}": [')
-                    first = True
-                    for k in chunks:
-                        part = json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)]
-                        for item in part[key]:
-                            f.write(("" if first else ",") + json.dumps(item))
-                            first = False
-                    f.write("]")
-                f.write("}")
+            for b in range(0, len(objects), self.BATCH):
+                batch = objects[b:b + self.BATCH]
+                self._gather(chunks, batch, work)
+                for n, obj in batch:
+                    head = json.dumps({"id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1,
+                                       "iscrowd": 0, "height": H, "width": W, "length": length})
+                    f.write(("," if n else "") + head[:-1])
+                    for key in self.KEYS:
+                        f.write(f', "{key}": [')
+                        items = work / f"{n}.{key}"
+                        with open(items) as src:
+                            shutil.copyfileobj(src, f)
+                        items.unlink()
+                        f.write("]")
+                    f.write("}")
             f.write("]}\n")
             f.flush()
         fsync_path(tmp)
         tmp.replace(self.out)
         fsync_path_dir(self.out.parent)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def _gather(self, chunks, batch, work: Path) -> None:
+        """For each object of `batch` and key: its items of every part, in chunk order, as the
+        comma-separated JSON that goes between the list's brackets."""
+        files = {}
+        try:
+            for n, _ in batch:
+                for key in self.KEYS:
+                    files[n, key] = open(work / f"{n}.{key}", "w")
+            started = set()
+            for k in chunks:
+                part = json.loads((self.parts / f"{k:06d}.json").read_text())
+                for n, obj in batch:
+                    entry = part[str(obj)]
+                    for key in self.KEYS:
+                        if entry[key]:
+                            text = ",".join(json.dumps(item) for item in entry[key])
+                            files[n, key].write(("," if (n, key) in started else "") + text)
+                            started.add((n, key))
+        finally:
+            for fh in files.values():
+                fh.close()
 
 
 class OverlayWriter:

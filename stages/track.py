@@ -19,8 +19,8 @@ import torch
 
 from pipeline import log
 from pipeline import prompts as prompt_file
-from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frames, pass_frames_in, passes,
-                             untracked_chunks)
+from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
+                             passes, untracked_chunks)
 from pipeline.errors import UserError
 from pipeline.model import build_model, pick_device, resolve_weights
 from pipeline.lock import holds_store_lock
@@ -122,9 +122,6 @@ class Tracker:
                                     predictor.hidden_dim)
         self.stage = f"track_{direction}"
 
-    def frames(self) -> list[int]:
-        return pass_frames(self.direction, self.start, self.plan.num_frames)
-
     def chunks(self) -> list[int]:
         return pass_chunks(self.plan, self.direction, self.start)
 
@@ -134,12 +131,13 @@ class Tracker:
         repair): each starts from the memory snapshot of the chunk before it."""
         chunks = self.chunks()
         todo = self.store.ledger(self.stage).todo(chunks)
-        total = sum(1 for f in self.frames() if self.plan.chunk_of(f) in todo)
+        previous = dict(zip(chunks[1:], chunks))  # the chunk the pass visits before each
+        total = sum(pass_frame_count_in(self.direction, self.start, *self.plan.bounds(k))
+                    for k in todo)
         state = memory = after = None
         with log.progress(f"track {self.direction}", total, quiet) as bar:
             for k in todo:
-                i = chunks.index(k)
-                before = chunks[i - 1] if i else None
+                before = previous.get(k)
                 if state is None or after != before:
                     state, memory = self.restore(before)
                 self.track_chunk(k, state, memory, owned, bar)
