@@ -29,7 +29,6 @@ with torch.inference_mode():
 
 def codec_table(store: Path) -> list[list]:
     """Bytes per frame of the stored features under each dtype and codec."""
-    import numpy as np
     import torch
     import zarr
     from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec

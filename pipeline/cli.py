@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from . import interrupt
-from .errors import UserError
+from .errors import BadInput, SegpipeError
 from .lock import store_lock
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
@@ -183,7 +183,7 @@ def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random
     formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
     for fmt in formats:
         if fmt not in FORMATS:
-            raise UserError(f"--export: unknown format {fmt!r}; choose from {', '.join(FORMATS)} or none")
+            raise BadInput(f"--export: unknown format {fmt!r}; choose from {', '.join(FORMATS)} or none")
     with writing(store):
         run_decode(video, store, chunk_size, image_size, quiet, force)
         run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
@@ -248,9 +248,12 @@ def main():
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as e:
+    except click.ClickException as e:  # click's own usage errors
         e.show()
         sys.exit(e.exit_code)
+    except SegpipeError as e:
+        click.echo(f"Error: {e.message}", err=True)
+        sys.exit(1)
     except (interrupt.Interrupted, KeyboardInterrupt) as e:
         interrupt.stop_now(getattr(e, "signum", 2))
     except OSError as e:

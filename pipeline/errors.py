@@ -1,5 +1,36 @@
-import click
+"""segpipe's exceptions. Each carries one line that names the problem; the CLI prints it as
+`Error: <message>` and exits 1, and Python callers can catch the class they care about."""
+from __future__ import annotations
 
 
-class UserError(click.ClickException):
-    """A problem with the user's input: printed as one line, exit code 1, no traceback."""
+class SegpipeError(Exception):
+    """Every error segpipe raises on purpose."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadInput(SegpipeError):
+    """What was given is wrong: a missing or unreadable video, a bad prompt, a bad option."""
+
+
+class StoreNotReady(SegpipeError):
+    """The store lacks what this step reads: an earlier stage has not finished."""
+
+
+class StoreMismatch(SegpipeError):
+    """The store was made from another video or with other settings."""
+
+
+class DamagedStore(SegpipeError):
+    """A chunk that the ledger says is done cannot be read back intact."""
+
+    def __init__(self, store, name: str, chunk: int, reason: str):
+        super().__init__(f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
+                         f"run `segpipe repair --store {store}`")
+        self.name, self.chunk, self.reason = name, chunk, reason
+
+
+class StoreLocked(SegpipeError):
+    """Another process is writing to the store (one writer per store)."""

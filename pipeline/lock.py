@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UserError
+from .errors import StoreLocked
 
 _held: dict[Path, list] = {}  # lock path -> [fd, depth], for this process
 _guard = threading.Lock()
@@ -59,7 +59,7 @@ def _acquire(path: Path, store: Path) -> int:
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise UserError(f"store {store} is in use by {holder}; "
+        raise StoreLocked(f"store {store} is in use by {holder}; "
                         f"wait for it to finish (one writer per store)") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}

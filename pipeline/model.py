@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UserError
+from .errors import BadInput
 from .store import file_identity
 
 # model name -> (config inside the sam2 package, official checkpoint file, Hugging Face repo)
@@ -45,13 +45,13 @@ class Weights:
 
 def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
     if model not in MODELS:
-        raise UserError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+        raise BadInput(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     if checkpoint is not None and random_seed is not None:
-        raise UserError("give either --checkpoint or --random-weights, not both")
+        raise BadInput("give either --checkpoint or --random-weights, not both")
     if checkpoint is None and random_seed is None:
         _, file, _ = MODELS[model]
         release = "092824" if model.startswith("sam2.1") else "072824"
-        raise UserError(
+        raise BadInput(
             f"no weights for {model}: download {CHECKPOINT_URL.format(release=release, file=file)} "
             f"and pass it as --checkpoint PATH (or --checkpoint hf:{MODELS[model][2]}; "
             f"--random-weights SEED for tests only)"
@@ -62,7 +62,7 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
         return Weights(checkpoint=_hf_checkpoint(checkpoint[3:]))
     path = Path(checkpoint)
     if not path.is_file():
-        raise UserError(f"checkpoint not found: {path}")
+        raise BadInput(f"checkpoint not found: {path}")
     return Weights(checkpoint=path)
 
 
@@ -71,12 +71,12 @@ def _hf_checkpoint(repo_id: str) -> Path:
     own `from_pretrained` does."""
     files = {repo: file for _, file, repo in MODELS.values()}
     if repo_id not in files:
-        raise UserError(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
+        raise BadInput(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
     from huggingface_hub import hf_hub_download
     try:
         return Path(hf_hub_download(repo_id=repo_id, filename=files[repo_id]))
     except Exception as e:  # noqa: BLE001 - offline, uncached, network: all one message
-        raise UserError(
+        raise BadInput(
             f"could not get checkpoint hf:{repo_id} (not in the Hugging Face cache and not "
             f"downloadable here: {type(e).__name__}); download {files[repo_id]} and pass --checkpoint PATH"
         ) from None
@@ -98,7 +98,7 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
             predictor.load_state_dict(state, strict=True)
         except Exception as e:  # noqa: BLE001
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
+            raise BadInput(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
     install_memory_cast(predictor)
     return predictor.to(device).eval()
 
@@ -126,8 +126,8 @@ def pick_device(device: str) -> str:
             return "mps"
         return "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+        raise BadInput("--device cuda asked for, but torch sees no CUDA device")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise UserError("--device mps asked for, but torch sees no MPS device")
+        raise BadInput("--device mps asked for, but torch sees no MPS device")
     return device
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import UserError
+from .errors import BadInput
 
 ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask"}
 
@@ -73,16 +73,16 @@ def object_ids(prompts: list[Prompt]) -> list[int]:
 def load(path, frame_count: int, width: int, height: int) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"prompts file not found: {path}")
+        raise BadInput(f"prompts file not found: {path}")
     try:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"prompts file {path} is not valid JSON: {e}") from None
+        raise BadInput(f"prompts file {path} is not valid JSON: {e}") from None
     if not isinstance(doc, dict) or set(doc) != {"prompts"}:
-        raise UserError(f"prompts file {path} must be an object with the single key \"prompts\"")
+        raise BadInput(f"prompts file {path} must be an object with the single key \"prompts\"")
     entries = doc["prompts"]
     if not isinstance(entries, list) or not entries:
-        raise UserError(f"prompts file {path} has an empty prompt list")
+        raise BadInput(f"prompts file {path} has an empty prompt list")
     return [_parse(i, e, path.parent, frame_count, width, height) for i, e in enumerate(entries)]
 
 
@@ -90,7 +90,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
     where = f"prompt #{i}"
 
     def fail(message):
-        raise UserError(f"{where}: {message}")
+        raise BadInput(f"{where}: {message}")
 
     if not isinstance(entry, dict):
         fail("must be an object")

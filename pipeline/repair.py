@@ -8,9 +8,9 @@ from pathlib import Path
 
 from . import log
 from .chunks import ChunkPlan, pass_chunks, passes, untracked_chunks
-from .errors import UserError
+from .errors import DamagedStore, SegpipeError, StoreNotReady
 from .lock import holds_store_lock
-from .store import DamagedStore, RunStore
+from .store import RunStore
 
 FRAME_ARRAYS = {"frames": "decode", "pts": "decode", "timestamps": "decode",
                 "features/level0": "encode", "features/level1": "encode",
@@ -80,7 +80,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
         if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
             redo.setdefault(UNTRACKED, set()).add(k)
     if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
-        raise UserError(f"store {store.path}: the stored mask prompts are damaged; track again "
+        raise SegpipeError(f"store {store.path}: the stored mask prompts are damaged; track again "
                         f"with `segpipe track --store {store.path} --prompts FILE --force`")
     return found, redo
 
@@ -93,7 +93,7 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
 
     store = RunStore.open(store_path)
     if "frame_count" not in store.attrs:
-        raise UserError(f"store {store.path} is still decoding: run `segpipe decode` to finish it")
+        raise StoreNotReady(f"store {store.path} is still decoding: run `segpipe decode` to finish it")
     found, redo = scan(store)
     if not found:
         log.info(f"repair: no damage found in {store.path}", quiet)

@@ -16,7 +16,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import interrupt
-from .errors import UserError
+from .errors import BadInput, StoreMismatch, DamagedStore
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "segpipe"
@@ -110,15 +110,6 @@ def _fsync_one(path: Path, flags: int) -> None:
         os.close(fd)
 
 
-class DamagedStore(UserError):
-    """A chunk that the ledger says is done cannot be read back intact."""
-
-    def __init__(self, store: Path, name: str, chunk: int, reason: str):
-        super().__init__(f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
-                         f"run `segpipe repair --store {store}`")
-        self.name, self.chunk, self.reason = name, chunk, reason
-
-
 class RunStore:
     """A segpipe store on disk: attributes record the inputs and settings of every stage."""
 
@@ -132,17 +123,17 @@ class RunStore:
     def open(cls, path) -> "RunStore":
         path = Path(path)
         if path.is_file():
-            raise UserError(f"store path {path} is a file, not a segpipe store directory")
+            raise BadInput(f"store path {path} is a file, not a segpipe store directory")
         if not (path / "zarr.json").is_file():
-            raise UserError(f"no segpipe store at {path} (run `segpipe decode` first)")
+            raise BadInput(f"no segpipe store at {path} (run `segpipe decode` first)")
         try:
             group = zarr.open_group(str(path), mode="r+")
         except Exception as e:  # noqa: BLE001 - any zarr failure is a damaged store to the user
-            raise UserError(f"store {path} cannot be read: {e}") from None
+            raise BadInput(f"store {path} cannot be read: {e}") from None
         if group.attrs.get("format") != FORMAT_NAME:
-            raise UserError(f"{path} is a zarr group but not a segpipe store")
+            raise BadInput(f"{path} is a zarr group but not a segpipe store")
         if group.attrs.get("schema_version") != SCHEMA_VERSION:
-            raise UserError(
+            raise BadInput(
                 f"store {path} has schema version {group.attrs.get('schema_version')}, "
                 f"this segpipe reads version {SCHEMA_VERSION}"
             )
@@ -153,9 +144,9 @@ class RunStore:
         """Create a new store; the path must not exist or be an empty directory."""
         path = Path(path)
         if path.is_file():
-            raise UserError(f"store path {path} is a file, not a segpipe store directory")
+            raise BadInput(f"store path {path} is a file, not a segpipe store directory")
         if path.exists() and any(path.iterdir()):
-            raise UserError(f"{path} exists and is not a segpipe store; choose another --store")
+            raise BadInput(f"{path} exists and is not a segpipe store; choose another --store")
         all_attrs = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, **attrs}
         # One write of the group's zarr.json: the store exists with all its settings or not at all.
         group = zarr.create_group(str(path), attributes=all_attrs)
@@ -178,7 +169,7 @@ class RunStore:
     def require(self, setting: str, have, want) -> None:
         """Refuse to mix settings in one store."""
         if have != want:
-            raise UserError(
+            raise StoreMismatch(
                 f"store {self.path} was made with {setting}={have}, not {want}; "
                 f"use a new --store (or the store's settings)"
             )

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import av
 
-from .errors import UserError
+from .errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -29,16 +29,16 @@ class VideoInfo:
 def open_video(path: Path):
     path = Path(path)
     if not path.exists():
-        raise UserError(f"video not found: {path}")
+        raise BadInput(f"video not found: {path}")
     if path.is_dir():
-        raise UserError(f"video path is a directory, not a video file: {path}")
+        raise BadInput(f"video path is a directory, not a video file: {path}")
     try:
         container = av.open(str(path))
     except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged metadata
-        raise UserError(f"not a readable video: {path} ({_reason(e)})") from None
+        raise BadInput(f"not a readable video: {path} ({_reason(e)})") from None
     if not container.streams.video:
         container.close()
-        raise UserError(f"no video stream in {path}")
+        raise BadInput(f"no video stream in {path}")
     stream = container.streams.video[0]
     stream.thread_type = "AUTO"
     return container, stream
@@ -53,9 +53,9 @@ def probe(path: Path) -> VideoInfo:
             if first is not None:
                 first.to_image()  # a frame that cannot become RGB is damage too
         except (DecodeError, ValueError) as e:
-            raise UserError(f"not a readable video: {path} (no frame decodes: {e})") from None
+            raise BadInput(f"not a readable video: {path} (no frame decodes: {e})") from None
         if first is None:
-            raise UserError(f"video has no decodable frames: {path}")
+            raise BadInput(f"video has no decodable frames: {path}")
         rate = stream.average_rate or stream.guessed_rate or Fraction(0)
         claimed = stream.frames or (
             int(round(float(stream.duration * stream.time_base) * float(rate)))
@@ -132,7 +132,7 @@ def _counted_frames(path: Path, start: int, before_pts: int | None):
         for i, frame in enumerate(_decode(container, stream)):
             if i == start - 1 and before_pts is not None and before_pts >= 0 \
                     and frame.pts != before_pts:
-                raise UserError(f"frame {i} of {path} no longer has the timestamp it was stored "
+                raise BadInput(f"frame {i} of {path} no longer has the timestamp it was stored "
                                 f"with ({frame.pts}, not {before_pts}): the file changed")
             if i >= start:
                 yield frame.pts, _seconds(frame, stream), frame

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.chunks import ChunkPlan
-from pipeline.errors import UserError
+from pipeline.errors import BadInput, StoreMismatch
 from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, file_identity, same_file
 from pipeline.video import DecodeError, is_damage, iter_frames, probe
@@ -32,16 +32,16 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     video = Path(video)
     for name, value in (("--chunk-size", chunk_size), ("--image-size", image_size)):
         if value is not None and value < 1:
-            raise UserError(f"{name} must be a positive integer, got {value}")
+            raise BadInput(f"{name} must be a positive integer, got {value}")
     if image_size is not None and image_size % 32:
-        raise UserError(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
+        raise BadInput(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
     info = probe(video)
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
         try:
             check_store(store, video, chunk_size, image_size)
             return store
-        except UserError as mismatch:
+        except StoreMismatch as mismatch:
             if not force:
                 raise
             log.info(f"decode: starting over ({mismatch.message})")
@@ -57,7 +57,7 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
 def check_store(store: RunStore, video: Path, chunk_size, image_size) -> None:
     source = store.attrs["source"]
     if not same_file(source, video):
-        raise UserError(f"store {store.path} was made from another video ({source['path']}, "
+        raise StoreMismatch(f"store {store.path} was made from another video ({source['path']}, "
                         f"sha256 {source['sha256'][:12]}), not {video}")
     if chunk_size is not None:
         store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
@@ -133,7 +133,7 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             pending.result()
     total = frames.shape[0]
     if total == 0:
-        raise UserError(f"video has no decodable frames: {video}")
+        raise BadInput(f"video has no decodable frames: {video}")
     store.set_attrs(frame_count=total, decode_warning=_truncation_note(total, claimed, broke_off))
     if store.attrs["decode_warning"]:
         log.warn(f"decode: {store.attrs['decode_warning']}")
@@ -175,7 +175,7 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
             if len(frames) == hi - lo:
                 break
         if len(frames) != hi - lo:
-            raise UserError(f"cannot decode frames {lo}..{hi - 1} of {video} again")
+            raise BadInput(f"cannot decode frames {lo}..{hi - 1} of {video} again")
         store.array("frames")[lo:hi] = np.stack(frames)
         store.array("pts")[lo:hi] = pts
         store.array("timestamps")[lo:hi] = times

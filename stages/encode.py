@@ -15,7 +15,7 @@ import torch
 
 from pipeline import log
 from pipeline.chunks import ChunkPlan
-from pipeline.errors import UserError
+from pipeline.errors import BadInput, StoreNotReady, StoreMismatch
 from pipeline.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
 from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, reset_from
@@ -70,7 +70,7 @@ def check_model(store: RunStore, spec: dict) -> None:
 
 def require_decoded(store: RunStore) -> int:
     if "frame_count" not in store.attrs:
-        raise UserError(f"store {store.path} is not fully decoded yet (run `segpipe decode`)")
+        raise StoreNotReady(f"store {store.path} is not fully decoded yet (run `segpipe decode`)")
     return store.attrs["frame_count"]
 
 
@@ -82,14 +82,14 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
-        raise UserError(f"--batch-size must be a positive integer, got {batch_size}")
+        raise BadInput(f"--batch-size must be a positive integer, got {batch_size}")
     if embedding_dtype not in DTYPES:
-        raise UserError(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
+        raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
     weights = resolve_weights(model, checkpoint, random_seed)
     spec = model_spec(store, model, weights, embedding_dtype)
     try:
         check_model(store, spec)
-    except UserError as mismatch:
+    except StoreMismatch as mismatch:
         if not force:
             raise
         log.info(f"encode: starting over ({mismatch.message})", quiet)

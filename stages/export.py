@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from pipeline import log
 from pipeline.chunks import ChunkPlan, pass_chunks, passes
-from pipeline.errors import UserError
+from pipeline.errors import BadInput, StoreNotReady
 from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
 from pipeline.video import iter_frames
@@ -68,9 +68,9 @@ def parse_frames(spec: str | None, T: int) -> tuple[int, int]:
         a, b = (part.strip() for part in spec.split(":"))
         a, b = int(a) if a else 0, int(b) if b else T
     except ValueError:
-        raise UserError(f"--frames must be A:B (e.g. 0:100), got {spec!r}") from None
+        raise BadInput(f"--frames must be A:B (e.g. 0:100), got {spec!r}") from None
     if not 0 <= a < b <= T:
-        raise UserError(f"--frames {spec} is not a range inside the video's frames 0:{T}")
+        raise BadInput(f"--frames {spec} is not a range inside the video's frames 0:{T}")
     return a, b
 
 
@@ -81,10 +81,10 @@ def parse_objects(spec: str | None, ids: list[int]) -> list[int]:
     try:
         wanted = [int(v) for v in spec.split(",") if v.strip()]
     except ValueError:
-        raise UserError(f"--objects must be ids separated by commas, got {spec!r}") from None
+        raise BadInput(f"--objects must be ids separated by commas, got {spec!r}") from None
     unknown = [v for v in wanted if v not in ids]
     if unknown or not wanted:
-        raise UserError(f"--objects: unknown object id {unknown[0] if unknown else spec!r}; "
+        raise BadInput(f"--objects: unknown object id {unknown[0] if unknown else spec!r}; "
                         f"the store tracks {', '.join(map(str, ids))}")
     return [s for s, i in enumerate(ids) if i in wanted]
 
@@ -94,7 +94,7 @@ class DavisWriter:
 
     def __init__(self, job: Job):
         if any(not 1 <= i <= 255 for i in job.ids):
-            raise UserError(f"davis PNGs hold object ids 1..255; this store has {job.ids}")
+            raise BadInput(f"davis PNGs hold object ids 1..255; this store has {job.ids}")
         self.out, self.ids, self.palette = job.out, job.ids, davis_palette()
 
     def start(self):
@@ -238,7 +238,7 @@ class OverlayWriter:
         for t in range(lo, lo + n):
             frame = next(self.source_frames, None)
             if frame is None:
-                raise UserError(f"source video {self.source} ends before frame {t}; overlay refused")
+                raise BadInput(f"source video {self.source} ends before frame {t}; overlay refused")
             yield frame
 
     def chunk(self, k, lo, masks) -> list[Path]:
@@ -343,20 +343,20 @@ def _png_bytes(img: Image.Image) -> bytes:
 def check_source(store: RunStore, source: Path) -> None:
     """The overlay re-decodes the original file: it must still be the same video."""
     if not source.is_file():
-        raise UserError(f"overlay re-decodes the source video, which is gone: {source}")
+        raise BadInput(f"overlay re-decodes the source video, which is gone: {source}")
     if not same_file(store.attrs["source"], source):
-        raise UserError(f"source video {source} changed since it was decoded; overlay refused")
+        raise BadInput(f"source video {source} changed since it was decoded; overlay refused")
 
 
 def require_tracked(store: RunStore) -> dict:
     settings = store.attrs.get("track")
     T = store.attrs.get("frame_count")
     if settings is None:
-        raise UserError(f"store {store.path} has no tracking results yet (run `segpipe track`)")
+        raise StoreNotReady(f"store {store.path} has no tracking results yet (run `segpipe track`)")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     for d in passes(settings["direction"]):
         if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, settings["start_frame"])):
-            raise UserError(f"store {store.path}: tracking is not finished (run `segpipe track`)")
+            raise StoreNotReady(f"store {store.path}: tracking is not finished (run `segpipe track`)")
     return settings
 
 
@@ -365,7 +365,7 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
            quiet: bool = False, force: bool = False) -> Path:
     store = RunStore.open(store_path)
     if fmt not in FORMATS:
-        raise UserError(f"--format must be one of {', '.join(FORMATS)}")
+        raise BadInput(f"--format must be one of {', '.join(FORMATS)}")
     track = require_tracked(store)
     T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
     all_ids = track["object_ids"]

@@ -21,7 +21,7 @@ from pipeline import log
 from pipeline import prompts as prompt_file
 from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
-from pipeline.errors import UserError
+from pipeline.errors import BadInput, StoreNotReady
 from pipeline.model import build_model, pick_device, resolve_weights
 from pipeline.lock import holds_store_lock
 from pipeline.store import RunStore, reset_from
@@ -270,7 +270,7 @@ def write_untracked(store: RunStore, chunks) -> None:
 def stored_prompts(store: RunStore) -> list:
     settings = store.attrs.get("track")
     if settings is None:
-        raise UserError(f"store {store.path} has no prompts yet: pass --prompts")
+        raise StoreNotReady(f"store {store.path} has no prompts yet: pass --prompts")
     masks = store.read("prompt_masks") if store.array("prompt_masks") is not None else None
     return prompt_file.from_record(settings["prompts"], masks)
 
@@ -285,17 +285,17 @@ def track(store_path, prompts_path=None, direction: str | None = None, device: s
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
     if direction not in DIRECTIONS:
-        raise UserError(f"--direction must be one of {', '.join(DIRECTIONS)}")
+        raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     spec = store.attrs.get("model")
     if spec is None or store.ledger("encode").count() < plan.num_chunks:
-        raise UserError(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
+        raise StoreNotReady(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
     prompts = (stored_prompts(store) if prompts_path is None
                else prompt_file.load(prompts_path, T, video["width"], video["height"]))
     seed = spec["weights"].get("random_seed")
     if seed is None and checkpoint is None:
-        raise UserError("the embeddings were made from a checkpoint: pass the same --checkpoint")
+        raise BadInput("the embeddings were made from a checkpoint: pass the same --checkpoint")
     weights = resolve_weights(spec["name"], checkpoint, seed)
     check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"]))
     if seed is not None:

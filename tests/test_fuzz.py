@@ -10,7 +10,7 @@ import zarr
 import make_sample
 from conftest import assert_user_error, segpipe, tree_digest
 from pipeline import prompts as prompt_file
-from pipeline.errors import UserError
+from pipeline.errors import SegpipeError
 
 CASE_SECONDS = 60
 
@@ -109,7 +109,7 @@ def test_malformed_prompt_files(tmp_path):
             path.write_text(json.dumps(structural_mutations(good, rng)))
         try:
             prompts = prompt_file.load(path, 12, 64, 48)
-        except UserError as e:
+        except SegpipeError as e:
             assert "\n" not in e.message
             results["refused"] += 1
             continue

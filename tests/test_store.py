@@ -5,7 +5,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import zarr
 
 import make_sample
 from conftest import ROOT, assert_user_error, segpipe, tree_digest
-from pipeline.errors import UserError
+from pipeline.errors import StoreLocked
 from pipeline.store import RunStore
 
 
@@ -127,9 +126,9 @@ def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
     holder = hold_lock(decoded)
     try:
         before = tree_digest(decoded)
-        with pytest.raises(UserError, match="in use by"):
+        with pytest.raises(StoreLocked, match="in use by"):
             decode(clip_dir / "clip.mp4", decoded, force=True, quiet=True)
-        with pytest.raises(UserError, match="in use by"):
+        with pytest.raises(StoreLocked, match="in use by"):
             export(decoded, "davis", decoded.parent / "out", quiet=True)
         assert tree_digest(decoded) == before
     finally:
