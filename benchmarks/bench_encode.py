@@ -16,8 +16,8 @@ import make_sample  # noqa: E402
 
 BARE = """
 import sys, time, torch, zarr
-from pipeline.model import Weights, build_model
-from stages.encode import preprocess
+from segpipe.model import Weights, build_model
+from segpipe.stages.encode import preprocess
 group = zarr.open_group(sys.argv[1], mode="r")
 model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
 frames = group["frames"]
@@ -32,7 +32,7 @@ def codec_table(store: Path) -> list[list]:
     import torch
     import zarr
     from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
-    from stages.encode import LEVELS, to_storage
+    from segpipe.stages.encode import LEVELS, to_storage
     group = zarr.open_group(str(store), mode="r")
     feats = [torch.from_numpy(group[name][...]) for name in LEVELS]
     n = feats[0].shape[0]

@@ -22,8 +22,8 @@ import make_sample  # noqa: E402
 def fake_tracked_store(store: Path, masks_for) -> None:
     """Write ground-truth masks as the tracking results of a decoded store."""
     import numpy as np
-    from pipeline.chunks import ChunkPlan
-    from pipeline.store import RunStore
+    from segpipe.chunks import ChunkPlan
+    from segpipe.store import RunStore
     s = RunStore.open(store)
     T, C = s.attrs["frame_count"], s.attrs["chunk_size"]
     H, W = s.attrs["video"]["height"], s.attrs["video"]["width"]

@@ -28,11 +28,11 @@ STAGES = ("decode", "encode", "track_forward", "track_reverse", "export_davis")
 def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int]) -> tuple[Path, Path]:
     """A finished store of T frames (arrays as metadata, complete ledgers) and its davis output."""
     import numpy as np
-    from pipeline import prompts as prompt_file
-    from pipeline.chunks import ChunkPlan, pass_chunks
-    from pipeline.store import RunStore, file_identity
-    from stages.encode import LEVELS
-    from stages.track import prepare
+    from segpipe import prompts as prompt_file
+    from segpipe.chunks import ChunkPlan, pass_chunks
+    from segpipe.store import RunStore, file_identity
+    from segpipe.stages.encode import LEVELS
+    from segpipe.stages.track import prepare
 
     W, H = 64, 48
     source = tmp / "clip.mp4"
@@ -83,8 +83,8 @@ def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int
 
 def in_process(store_path: Path, repeat: int) -> list[list]:
     """The ledger and plan calls alone: best of `repeat`, each on a freshly opened store."""
-    from pipeline.chunks import ChunkPlan, pass_chunks
-    from pipeline.store import RunStore
+    from segpipe.chunks import ChunkPlan, pass_chunks
+    from segpipe.store import RunStore
 
     def best(fn):
         times = []

@@ -17,8 +17,8 @@ import make_sample  # noqa: E402
 
 OURS = """
 import json, sys, time
-from pipeline.model import Weights, build_model
-from stages.track import track
+from segpipe.model import Weights, build_model
+from segpipe.stages.track import track
 model = build_model("sam2.1_hiera_t", int(sys.argv[3]), Weights(random_seed=0))
 start = time.perf_counter()
 track(sys.argv[1], sys.argv[2], "forward", quiet=True, predictor=model, force=True)
@@ -29,8 +29,8 @@ OFFICIAL = """
 import json, sys, tempfile, time, numpy as np, torch, zarr
 from pathlib import Path
 from PIL import Image
-from pipeline import prompts as pf
-from pipeline.model import Weights, build_model
+from segpipe import prompts as pf
+from segpipe.model import Weights, build_model
 group = zarr.open_group(sys.argv[1], mode="r")
 a = group.attrs
 T, H, W = a["frame_count"], a["video"]["height"], a["video"]["width"]

@@ -43,7 +43,7 @@ def python(code: str) -> list[str]:
 
 
 def segpipe(*args) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", *map(str, args), "--quiet"]
+    return [sys.executable, "-m", "segpipe.cli", *map(str, args), "--quiet"]
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -32,7 +32,7 @@ def decode_options(f):
 
 
 def encode_options(f):
-    from pipeline.model import DEFAULT_MODEL, MODELS
+    from segpipe.model import DEFAULT_MODEL, MODELS
     f = click.option("--embedding-dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
                      default="float32", help="How embeddings are stored (float32 keeps masks exact).")(f)
     f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
@@ -84,7 +84,7 @@ def decode(video, store, chunk_size, image_size, force, quiet):
     Example:
       segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
     """
-    from stages.decode import decode as run_decode
+    from segpipe.stages.decode import decode as run_decode
     with writing(store):
         run_decode(video, store, chunk_size, image_size, quiet, force)
 
@@ -102,7 +102,7 @@ def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, d
     Example:
       segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
     """
-    from stages.encode import encode as run_encode
+    from segpipe.stages.encode import encode as run_encode
     with writing(store):
         run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
                    quiet, force=force)
@@ -125,7 +125,7 @@ def track(store, prompts, direction, checkpoint, device, force, quiet):
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
     """
-    from stages.track import track as run_track
+    from segpipe.stages.track import track as run_track
     with writing(store):
         run_track(store, prompts, direction, device, checkpoint, quiet, force=force)
 
@@ -148,7 +148,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
       segpipe export --store clip.zarr --format davis --out clip_davis/
       segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
     """
-    from stages.export import export as run_export
+    from segpipe.stages.export import export as run_export
     with writing(store):
         run_export(store, fmt, out, frames, objects, quiet, force)
 
@@ -176,10 +176,10 @@ def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
           --image-size 256 --chunk-size 16 --export davis,overlay
     """
-    from stages.decode import decode as run_decode
-    from stages.encode import encode as run_encode
-    from stages.export import FORMATS, OUTPUT_NAMES, export as run_export
-    from stages.track import track as run_track
+    from segpipe.stages.decode import decode as run_decode
+    from segpipe.stages.encode import encode as run_encode
+    from segpipe.stages.export import FORMATS, OUTPUT_NAMES, export as run_export
+    from segpipe.stages.track import track as run_track
     formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
     for fmt in formats:
         if fmt not in FORMATS:
@@ -223,7 +223,7 @@ def status(store, as_json):
     Example:
       segpipe status --store clip.zarr --json
     """
-    from pipeline.status import describe, render
+    from segpipe.status import describe, render
     report = describe(store)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
 

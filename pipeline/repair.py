@@ -87,9 +87,9 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
 
 @holds_store_lock
 def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list[Damage]:
-    from stages.decode import decode
-    from stages.encode import encode
-    from stages.track import track, write_untracked
+    from segpipe.stages.decode import decode
+    from segpipe.stages.encode import encode
+    from segpipe.stages.track import track, write_untracked
 
     store = RunStore.open(store_path)
     if "frame_count" not in store.attrs:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.chunks import ChunkPlan
-from pipeline.errors import BadInput, StoreMismatch
-from pipeline.lock import holds_store_lock
-from pipeline.store import RunStore, file_identity, same_file
-from pipeline.video import DecodeError, is_damage, iter_frames, probe
-from pipeline import log
+from segpipe.chunks import ChunkPlan
+from segpipe.errors import BadInput, StoreMismatch
+from segpipe.lock import holds_store_lock
+from segpipe.store import RunStore, file_identity, same_file
+from segpipe.video import DecodeError, is_damage, iter_frames, probe
+from segpipe import log
 
 STAGE = "decode"
 DEFAULT_CHUNK_SIZE = 32

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from pipeline import log
-from pipeline.chunks import ChunkPlan
-from pipeline.errors import BadInput, StoreNotReady, StoreMismatch
-from pipeline.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
-from pipeline.lock import holds_store_lock
-from pipeline.store import RunStore, reset_from
+from segpipe import log
+from segpipe.chunks import ChunkPlan
+from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
+from segpipe.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
+from segpipe.lock import holds_store_lock
+from segpipe.store import RunStore, reset_from
 
 STAGE = "encode"
 LEVELS = ("features/level0", "features/level1", "features/level2")

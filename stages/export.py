@@ -16,12 +16,12 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw
 
-from pipeline import log
-from pipeline.chunks import ChunkPlan, pass_chunks, passes
-from pipeline.errors import BadInput, StoreNotReady
-from pipeline.lock import holds_store_lock
-from pipeline.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
-from pipeline.video import iter_frames
+from segpipe import log
+from segpipe.chunks import ChunkPlan, pass_chunks, passes
+from segpipe.errors import BadInput, StoreNotReady
+from segpipe.lock import holds_store_lock
+from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
+from segpipe.video import iter_frames
 
 FORMATS = ("davis", "vis-json", "overlay")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pipeline.store import RunStore
+from segpipe.store import RunStore
 
 
 @dataclass

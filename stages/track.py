@@ -17,17 +17,17 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from pipeline import log
-from pipeline import prompts as prompt_file
-from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
+from segpipe import log
+from segpipe import prompts as prompt_file
+from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
-from pipeline.errors import BadInput, StoreNotReady
-from pipeline.model import build_model, pick_device, resolve_weights
-from pipeline.lock import holds_store_lock
-from pipeline.store import RunStore, reset_from
-from stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
+from segpipe.errors import BadInput, StoreNotReady
+from segpipe.model import build_model, pick_device, resolve_weights
+from segpipe.lock import holds_store_lock
+from segpipe.store import RunStore, reset_from
+from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
-from stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 
 DIRECTIONS = ("both", "forward", "reverse")
 TRACK_ARRAYS = ("masks", "object_scores", "tracked")  # written per chunk, with memory/

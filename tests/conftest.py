@@ -19,7 +19,7 @@ SEED = 0
 
 def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)],
+    proc = subprocess.run([sys.executable, "-m", "segpipe.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, **(env or {})}, **kw)
     if check and proc.returncode != 0:
@@ -28,7 +28,7 @@ def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
 
 
 def popen_segpipe(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, args)],
+    return subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, args)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
 
 
@@ -87,7 +87,7 @@ def clip_dir(tmp_path_factory) -> Path:
 def checkpoint(tmp_path_factory) -> Path:
     """Seeded random sam2.1_hiera_t weights saved as an official-style checkpoint file."""
     import torch
-    from pipeline.model import Weights, build_model
+    from segpipe.model import Weights, build_model
     path = tmp_path_factory.mktemp("ckpt") / "random_sam2.1_hiera_t.pt"
     predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
     torch.save({"model": predictor.state_dict()}, path)
@@ -96,7 +96,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def predictor():
-    from pipeline.model import Weights, build_model
+    from segpipe.model import Weights, build_model
     return build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
 
 

@@ -14,8 +14,8 @@ import torch
 import zarr
 from PIL import Image
 
-from pipeline import prompts as prompt_file
-from pipeline.model import Weights, build_model
+from segpipe import prompts as prompt_file
+from segpipe.model import Weights, build_model
 
 
 def oracle_masks(store_path, prompts_path, predictor=None) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import zarr
 
 from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
                       segpipe, tree_digest, wait_for)
-from stages.encode import LEVELS, encode, from_storage, preprocess
+from segpipe.stages.encode import LEVELS, encode, from_storage, preprocess
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from PIL import Image
 
 from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
                       tree_digest, wait_for)
-from stages.encode import encode
-from stages.export import compose, davis_palette
-from stages.track import track
+from segpipe.stages.encode import encode
+from segpipe.stages.export import compose, davis_palette
+from segpipe.stages.track import track
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(small, reference, tmp_path, signum, code):
     store = tmp_path / "run.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, run_args(small, store))],
+    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[1])
     assert wait_for(lambda: ledger_count(store, "encode") >= 1, proc, timeout=300)
@@ -102,7 +102,7 @@ def test_one_writer_per_store_and_stale_lock_takeover(small, reference, tmp_path
     store = tmp_path / "run.zarr"
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, '.');"
-        "from pipeline.lock import store_lock\n"
+        "from segpipe.lock import store_lock\n"
         f"with store_lock({str(store)!r}):\n    print('held', flush=True); time.sleep(60)")],
         cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

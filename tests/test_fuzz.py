@@ -9,8 +9,8 @@ import zarr
 
 import make_sample
 from conftest import assert_user_error, segpipe, tree_digest
-from pipeline import prompts as prompt_file
-from pipeline.errors import SegpipeError
+from segpipe import prompts as prompt_file
+from segpipe.errors import SegpipeError
 
 CASE_SECONDS = 60
 

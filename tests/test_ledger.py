@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames,
+from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames,
                              pass_frames_in)
-from pipeline.store import DONE_RECORD, RunStore, reset_from
+from segpipe.store import DONE_RECORD, RunStore, reset_from
 
 
 def zarr_done(path: Path, stage: str) -> np.ndarray:
@@ -226,7 +226,7 @@ def reference_finish(writer, chunks) -> bytes:
 
 @pytest.mark.parametrize("ids,batch", [([1, 2, 3, 4, 5], 2), ([7], 64), ([3, 9, 12], 1), ([], 64)])
 def test_vis_json_assembly_is_byte_identical(tmp_path, ids, batch):
-    from stages.export import Job, VisJsonWriter
+    from segpipe.stages.export import Job, VisJsonWriter
     H, W, C, frames = 12, 10, 3, (2, 15)
     rng = np.random.default_rng(len(ids) * 10 + batch)
     writer = VisJsonWriter(Job(tmp_path / "masks.json", ids, frames, {"width": W, "height": H},

@@ -130,7 +130,7 @@ def test_double_ctrl_c_mid_decode_is_not_the_end_of_the_video(videos, references
     """The second Ctrl-C abandons the chunk in flight: exit 130, the frame count stays
     unrecorded, and the rerun completes to the uninterrupted store."""
     store = tmp_path / "s.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "decode", str(videos["ts"]),
+    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", "decode", str(videos["ts"]),
                              "--store", str(store), *map(str, ARGS)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     assert wait_for(lambda: ledger_count(store, "decode") >= 3, proc, timeout=120)

@@ -41,7 +41,7 @@ def test_second_signal_always_exits_with_the_hint(clip, tmp_path):
     outcomes = []
     for trial in range(6):
         signum = signal.SIGTERM if trial % 3 == 2 else signal.SIGINT
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli",
+        proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli",
                                  *map(str, run_args(clip, store))],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         floor = progress(store) + 1
@@ -65,7 +65,7 @@ def test_a_signal_outside_writing_ends_quietly(clip, tmp_path):
     """`status` has no chunk to finish: one signal ends it, no traceback."""
     proc = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, '.'); sys.argv = ['segpipe', 'status', '--store', 'x'];"
-        "from pipeline import cli, interrupt; interrupt.install(); print('ready', flush=True); "
+        "from segpipe import cli, interrupt; interrupt.install(); print('ready', flush=True); "
         "time.sleep(30)")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)

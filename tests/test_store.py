@@ -12,8 +12,8 @@ import zarr
 
 import make_sample
 from conftest import ROOT, assert_user_error, segpipe, tree_digest
-from pipeline.errors import StoreLocked
-from pipeline.store import RunStore
+from segpipe.errors import StoreLocked
+from segpipe.store import RunStore
 
 
 def test_reopened_arrays_still_write_all_fill_chunks(tmp_path):
@@ -52,7 +52,7 @@ def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
 def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(tmp_path, monkeypatch,
                                                                      clip_dir):
     """A spy on os.fsync (it still syncs) records what was made durable, in order."""
-    from stages.decode import decode
+    from segpipe.stages.decode import decode
     synced = []
     real = os.fsync
 
@@ -90,7 +90,7 @@ def test_zarr_is_pinned_to_atomic_writes():
 def hold_lock(path) -> subprocess.Popen:
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, '.');"
-        "from pipeline.lock import store_lock\n"
+        "from segpipe.lock import store_lock\n"
         f"with store_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)")],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -121,8 +121,8 @@ def test_a_symlink_or_relative_path_finds_the_same_lock(decoded, tmp_path, clip_
 
 
 def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
-    from stages.decode import decode
-    from stages.export import export
+    from segpipe.stages.decode import decode
+    from segpipe.stages.export import export
     holder = hold_lock(decoded)
     try:
         before = tree_digest(decoded)
@@ -135,7 +135,7 @@ def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
         holder.kill()
         holder.wait()
     # and the other way round: while Python holds it, the CLI is refused
-    from pipeline.lock import store_lock
+    from segpipe.lock import store_lock
     with store_lock(decoded), store_lock(decoded):  # re-entrant within one process
         assert_user_error(segpipe("decode", clip_dir / "clip.mp4", "--store", decoded), "in use by")
     shutil.rmtree(decoded.parent / "out", ignore_errors=True)

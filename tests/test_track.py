@@ -12,8 +12,8 @@ import zarr
 from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
                       segpipe, tree_digest, wait_for)
 from oracle import oracle_masks
-from stages.encode import encode
-from stages.track import track
+from segpipe.stages.encode import encode
+from segpipe.stages.track import track
 
 T = 40
 CHUNK_SIZES = [1, 3, 7, 16, 64]

@@ -9,9 +9,9 @@ import zarr
 from PIL import Image
 
 from conftest import IMAGE_SIZE, assert_same_store, segpipe
-from pipeline.store import RunStore
-from stages.encode import encode
-from stages.track import track
+from segpipe.store import RunStore
+from segpipe.stages.encode import encode
+from segpipe.stages.track import track
 
 C = 4
 START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..11
