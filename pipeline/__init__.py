@@ -1,1 +1,29 @@
-"""segpipe orchestration: the run store, the chunk ledger, the CLI."""
+"""segpipe: segment objects through long videos with SAM 2, chunk by chunk, resumable, with
+masks bit-identical to SAM 2's own video predictor.
+
+    >>> import segpipe
+    >>> run = segpipe.run("clip.mp4", "clip.zarr",
+    ...                   [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])],
+    ...                   checkpoint="sam2.1_hiera_tiny.pt", exports=[])
+    >>> run.masks(frames=slice(0, 100), objects=[1]).shape
+    (100, 1, 480, 640)
+
+Every name of the API is listed in `__all__`. `import segpipe` does not import torch: the
+calls that run the model import it.
+"""
+from .api import decode, encode, export, open, repair, run, track
+from .errors import (BadInput, DamagedStore, SegpipeError, StoreLocked, StoreMismatch,
+                     StoreNotReady)
+from .prompts import Prompt
+from .results import Run
+
+__all__ = [
+    # the stages, and all of them in one call
+    "run", "decode", "encode", "track", "export", "repair",
+    # reading results back
+    "open", "Run",
+    # prompts as objects
+    "Prompt",
+    # errors
+    "SegpipeError", "BadInput", "StoreNotReady", "StoreMismatch", "DamagedStore", "StoreLocked",
+]

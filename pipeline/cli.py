@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from . import interrupt
-from .errors import BadInput, SegpipeError
+from . import api, interrupt
+from .errors import SegpipeError
 from .lock import store_lock
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
@@ -84,9 +84,9 @@ def decode(video, store, chunk_size, image_size, force, quiet):
     Example:
       segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
     """
-    from segpipe.stages.decode import decode as run_decode
     with writing(store):
-        run_decode(video, store, chunk_size, image_size, quiet, force)
+        api.decode(video, store, chunk_size=chunk_size, image_size=image_size, force=force,
+                   progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -102,10 +102,10 @@ def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, d
     Example:
       segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
     """
-    from segpipe.stages.encode import encode as run_encode
     with writing(store):
-        run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
-                   quiet, force=force)
+        api.encode(store, model=model, checkpoint=checkpoint, random_weights=random_seed,
+                   device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+                   force=force, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -125,9 +125,9 @@ def track(store, prompts, direction, checkpoint, device, force, quiet):
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
     """
-    from segpipe.stages.track import track as run_track
     with writing(store):
-        run_track(store, prompts, direction, device, checkpoint, quiet, force=force)
+        api.track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
+                  force=force, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -148,9 +148,9 @@ def export(store, fmt, out, frames, objects, force, quiet):
       segpipe export --store clip.zarr --format davis --out clip_davis/
       segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
     """
-    from segpipe.stages.export import export as run_export
     with writing(store):
-        run_export(store, fmt, out, frames, objects, quiet, force)
+        api.export(store, fmt, out, frames=frames, objects=objects, force=force,
+                   progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -176,24 +176,12 @@ def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
           --image-size 256 --chunk-size 16 --export davis,overlay
     """
-    from segpipe.stages.decode import decode as run_decode
-    from segpipe.stages.encode import encode as run_encode
-    from segpipe.stages.export import FORMATS, OUTPUT_NAMES, export as run_export
-    from segpipe.stages.track import track as run_track
     formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
-    for fmt in formats:
-        if fmt not in FORMATS:
-            raise BadInput(f"--export: unknown format {fmt!r}; choose from {', '.join(FORMATS)} or none")
     with writing(store):
-        run_decode(video, store, chunk_size, image_size, quiet, force)
-        run_encode(store, model, checkpoint, random_seed, device, batch_size, embedding_dtype,
-                   quiet, force=force)
-        if prompts is None:
-            return
-        run_track(store, prompts, direction, device, checkpoint, quiet)
-        folder = store.with_name(store.name.removesuffix(".zarr") + ".export")
-        for fmt in formats:
-            run_export(store, fmt, folder / OUTPUT_NAMES[fmt], quiet=quiet)
+        api.run(video, store, prompts, chunk_size=chunk_size, image_size=image_size, model=model,
+                checkpoint=checkpoint, random_weights=random_seed, device=device,
+                batch_size=batch_size, embedding_dtype=embedding_dtype, direction=direction,
+                exports=formats, force=force, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -208,9 +196,8 @@ def repair(store, checkpoint, device, quiet):
     Example:
       segpipe repair --store clip.zarr
     """
-    from .repair import repair as run_repair
     with writing(store):
-        run_repair(store, checkpoint, device, quiet)
+        api.repair(store, checkpoint=checkpoint, device=device, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -223,7 +210,7 @@ def status(store, as_json):
     Example:
       segpipe status --store clip.zarr --json
     """
-    from segpipe.status import describe, render
+    from .status import describe, render
     report = describe(store)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from .errors import BadInput
 from .store import file_identity
 
@@ -84,6 +82,7 @@ def _hf_checkpoint(repo_id: str) -> Path:
 
 def build_model(model: str, image_size: int, weights: Weights, device: str = "cpu"):
     """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`."""
+    import torch
     from sam2.build_sam import build_sam2_video_predictor
 
     config = MODELS[model][0]
@@ -105,6 +104,7 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
 
 def install_memory_cast(predictor) -> None:
     """Cast a memory made only of bfloat16 mask memories to the features' dtype (see above)."""
+    import torch
     def cast(_module, args, kwargs):
         memory, curr = kwargs.get("memory"), kwargs.get("curr")
         if (memory is not None and curr and memory.dtype == torch.bfloat16
@@ -119,6 +119,7 @@ def install_memory_cast(predictor) -> None:
 
 
 def pick_device(device: str) -> str:
+    import torch
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"

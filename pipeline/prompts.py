@@ -1,10 +1,12 @@
-"""The prompts file: validated in full before anything is written.
+"""Prompts: validated in full before anything is written.
 
+They come as a file, as the file's entries (a list of dicts) or as `Prompt` objects:
 {"prompts": [{"object": 1, "frame": 3, "points": [[x, y], ...], "labels": [1, 0, ...]},
              {"object": 2, "frame": 9, "box": [x0, y0, x1, y1]},
              {"object": 3, "frame": 12, "mask": "obj3.png"}]}
 Pixel coordinates of the original video; labels 1 positive / 0 negative; a mask is a PNG
-the size of the video (non-zero = object), relative to the prompts file. Applied in file order.
+the size of the video (non-zero = object), relative to the prompts file (in Python also a
+numpy array). Applied in order.
 """
 from __future__ import annotations
 
@@ -21,14 +23,30 @@ from .errors import BadInput
 ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Prompt:
+    """One prompt for one object on one frame, as SAM 2's `add_new_points_or_box` or
+    `add_new_mask` takes it. Coordinates are pixels of the original video.
+
+    Example:
+        >>> segpipe.Prompt(1, frame=3, points=[[120.5, 80], [30, 40]], labels=[1, 0])
+        >>> segpipe.Prompt(2, frame=9, box=[10, 20, 110, 140])
+        >>> segpipe.Prompt(3, frame=12, mask=mask)  # (H, W) array, non-zero = object
+    """
     object_id: int
     frame: int
     points: tuple | None = None  # ((x, y), ...)
     labels: tuple | None = None  # (1, 0, ...)
     box: tuple | None = None  # (x0, y0, x1, y1)
     mask: np.ndarray | None = None  # (H, W) bool
+
+    def as_entry(self) -> dict:
+        """The prompt as a prompts-file entry (the mask stays an array)."""
+        entry = {"object": self.object_id, "frame": self.frame}
+        for key in ("points", "labels", "box", "mask"):
+            if getattr(self, key) is not None:
+                entry[key] = getattr(self, key)
+        return entry
 
 
 def digest(prompts: list[Prompt]) -> str:
@@ -70,8 +88,21 @@ def object_ids(prompts: list[Prompt]) -> list[int]:
     return list(dict.fromkeys(p.object_id for p in prompts))
 
 
-def load(path, frame_count: int, width: int, height: int) -> list[Prompt]:
-    path = Path(path)
+def load(source, frame_count: int, width: int, height: int) -> list[Prompt]:
+    """Validated prompts from a prompts file path, a list of its entries (dicts) or a list of
+    `Prompt` objects. Relative mask paths are relative to the file (else to the working
+    directory)."""
+    if isinstance(source, (str, Path)):
+        return _load_file(Path(source), frame_count, width, height)
+    if isinstance(source, Prompt) or isinstance(source, dict):
+        source = [source]
+    if not isinstance(source, (list, tuple)) or not source:
+        raise BadInput("prompts must be a prompts file path or a non-empty list of prompts")
+    return [_parse(i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(), frame_count,
+                   width, height) for i, e in enumerate(source)]
+
+
+def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Prompt]:
     if not path.is_file():
         raise BadInput(f"prompts file not found: {path}")
     try:
@@ -98,6 +129,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
     if unknown:
         fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS))})")
     obj, frame = entry.get("object"), entry.get("frame")
+    obj, frame = _plain_int(obj), _plain_int(frame)
     if not _is_int(obj) or obj < 0:
         fail(f"\"object\" must be a non-negative integer id, got {obj!r}")
     where = f"prompt #{i} (object {obj})"
@@ -114,7 +146,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
 
     points = labels = box = mask = None
     if "points" in entry:
-        points, labels = entry["points"], entry["labels"]
+        points, labels = _plain(entry["points"]), _plain(entry["labels"])
         if not isinstance(points, list) or not points or not all(
                 isinstance(p, list) and len(p) == 2 and all(_is_num(c) for c in p) for p in points):
             fail("\"points\" must be a non-empty list of [x, y] pairs")
@@ -127,7 +159,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
                 fail(f"point ({x}, {y}) is outside the {width}x{height} frame")
         points, labels = tuple(tuple(float(c) for c in p) for p in points), tuple(labels)
     if "box" in entry:
-        box = entry["box"]
+        box = _plain(entry["box"])
         if not isinstance(box, list) or len(box) != 4 or not all(_is_num(c) for c in box):
             fail("\"box\" must be [x0, y0, x1, y1]")
         x0, y0, x1, y1 = box
@@ -140,8 +172,14 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
 
 
 def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
+    if isinstance(name, np.ndarray):
+        if name.ndim != 2 or name.dtype.kind not in "biuf":
+            fail(f"a mask array must be 2-D (H, W) numbers or booleans, got {name.dtype} {name.shape}")
+        if name.shape != (height, width):
+            fail(f"mask array is {name.shape[1]}x{name.shape[0]}, the video is {width}x{height}")
+        return name != 0
     if not isinstance(name, str) or not name:
-        fail("\"mask\" must be a PNG path relative to the prompts file")
+        fail("\"mask\" must be a PNG path (relative to the prompts file) or an (H, W) array")
     path = base / name
     if not path.is_file():
         fail(f"mask file not found: {path}")
@@ -153,6 +191,16 @@ def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
     if mask.shape != (height, width):
         fail(f"mask {path} is {mask.shape[1]}x{mask.shape[0]}, the video is {width}x{height}")
     return mask
+
+
+def _plain(v):
+    """numpy arrays and scalars as the lists and numbers of a JSON file."""
+    return v.tolist() if isinstance(v, (np.ndarray, np.generic)) else (
+        [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v)
+
+
+def _plain_int(v):
+    return int(v) if isinstance(v, np.integer) else v
 
 
 def _is_int(v) -> bool:

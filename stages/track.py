@@ -276,11 +276,11 @@ def stored_prompts(store: RunStore) -> list:
 
 
 @holds_store_lock
-def track(store_path, prompts_path=None, direction: str | None = None, device: str = "auto",
+def track(store_path, prompts=None, direction: str | None = None, device: str = "auto",
           checkpoint: str | None = None, quiet: bool = False, predictor=None,
           force: bool = False) -> RunStore:
-    """Track from the prompts file, or (without one) from the prompts stored by the last
-    track, resuming or repairing whatever is not done."""
+    """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
+    prompts stored by the last track, resuming or repairing whatever is not done."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
@@ -291,8 +291,8 @@ def track(store_path, prompts_path=None, direction: str | None = None, device: s
     if spec is None or store.ledger("encode").count() < plan.num_chunks:
         raise StoreNotReady(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
-    prompts = (stored_prompts(store) if prompts_path is None
-               else prompt_file.load(prompts_path, T, video["width"], video["height"]))
+    prompts = (stored_prompts(store) if prompts is None
+               else prompt_file.load(prompts, T, video["width"], video["height"]))
     seed = spec["weights"].get("random_seed")
     if seed is None and checkpoint is None:
         raise BadInput("the embeddings were made from a checkpoint: pass the same --checkpoint")

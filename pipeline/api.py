@@ -1,0 +1,148 @@
+"""The Python API: the four stages, `run`, `repair` and `open`, keyword arguments only.
+
+Each stage takes the store's lock (one writer per store), resumes where the store stopped,
+shows a progress bar (tqdm's auto mode: a widget in Jupyter; `progress=False` turns it off)
+and raises `segpipe.SegpipeError` subclasses. Heavy modules (torch, SAM 2) are imported
+only by the calls that need them, so `import segpipe` stays light.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .errors import BadInput
+from .model import DEFAULT_MODEL
+from .results import Run
+
+
+def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
+    """The results in `store`, read only.
+
+    Example:
+        >>> run = segpipe.open("clip.zarr")
+        >>> run.masks(frames=slice(0, 10)).shape
+    """
+    return Run(store)
+
+
+def decode(video, store, *, chunk_size: int | None = None, image_size: int | None = None,
+           force: bool = False, progress: bool = True) -> Run:
+    """Decode `video` into the store's model-input frames (creating the store).
+
+    `chunk_size` (default 32) frames make the unit of work and storage; `image_size`
+    (default 1024) is SAM 2's input size. `force` starts over a store made from another
+    video or with other settings instead of refusing.
+
+    Example:
+        >>> segpipe.decode("clip.mp4", "clip.zarr", chunk_size=32, image_size=1024)
+    """
+    from .stages.decode import decode as decode_stage
+    decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress, force=force)
+    return Run(store)
+
+
+def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
+           random_weights: int | None = None, device: str = "auto", batch_size: int = 1,
+           embedding_dtype: str = "float32", force: bool = False, progress: bool = True) -> Run:
+    """Compute SAM 2's image embeddings of every decoded frame.
+
+    Weights: `checkpoint` (an official checkpoint file, or "hf:facebook/sam2.1-hiera-tiny")
+    or `random_weights=SEED` (tests and demos only: masks mean nothing).
+
+    Example:
+        >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
+    """
+    from .stages.encode import encode as encode_stage
+    encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
+                 device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+                 quiet=not progress, force=force)
+    return Run(store)
+
+
+def track(store, prompts=None, *, direction: str | None = None, checkpoint: str | None = None,
+          device: str = "auto", force: bool = False, progress: bool = True) -> Run:
+    """Track the prompted objects through the video from the stored embeddings.
+
+    `prompts`: a prompts file path, a list of its entries (dicts), or `segpipe.Prompt`
+    objects; None reuses the store's last prompts. `direction`: "both" (default),
+    "forward" or "reverse". New prompts discard the old tracking and retrack.
+
+    Example:
+        >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
+    """
+    from .stages.track import track as track_stage
+    track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
+                quiet=not progress, force=force)
+    return Run(store)
+
+
+def export(store, format: str, out, *, frames: slice | str | None = None,  # noqa: A002
+           objects: Sequence[int] | str | None = None, force: bool = False,
+           progress: bool = True) -> Path:
+    """Export the tracked masks: "davis" (a folder of indexed PNGs), "vis-json"
+    (YouTube-VIS RLE JSON) or "overlay" (an MP4). Returns the output path.
+
+    Example:
+        >>> segpipe.export("clip.zarr", "davis", "clip_davis/", frames=slice(0, 300), objects=[1])
+    """
+    from .stages.export import export as export_stage
+    if isinstance(frames, slice):
+        if frames.step not in (None, 1):
+            raise BadInput(f"frames must be a contiguous slice, got {frames!r}")
+        frames = f"{'' if frames.start is None else frames.start}:{'' if frames.stop is None else frames.stop}"
+    if objects is not None and not isinstance(objects, str):
+        objects = ",".join(str(int(o)) for o in objects)
+    return export_stage(store, format, out, frames, objects, quiet=not progress, force=force)
+
+
+def run(video, store, prompts=None, *, chunk_size: int | None = None,
+        image_size: int | None = None, model: str = DEFAULT_MODEL,
+        checkpoint: str | None = None, random_weights: int | None = None, device: str = "auto",
+        batch_size: int = 1, embedding_dtype: str = "float32", direction: str | None = None,
+        exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
+    """Every stage in order, each resuming where it stopped: decode, encode, then (with
+    `prompts`) track and the `exports` (default: every format; [] for none) into
+    `<store name>.export/` beside the store.
+
+    Example:
+        >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
+        ...                   checkpoint="sam2.1_hiera_tiny.pt", exports=["davis"])
+        >>> run.masks(objects=[1])
+    """
+    from .lock import store_lock
+    from .stages.export import FORMATS, OUTPUT_NAMES
+    exports = FORMATS if exports is None else list(exports)
+    unknown = [f for f in exports if f not in FORMATS]
+    if unknown:
+        raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+    with store_lock(store):  # the whole run, not only each stage
+        decode(video, store, chunk_size=chunk_size, image_size=image_size, force=force,
+               progress=progress)
+        encode(store, model=model, checkpoint=checkpoint, random_weights=random_weights,
+               device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+               force=force, progress=progress)
+        if prompts is None:
+            return Run(store)
+        track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
+              progress=progress)
+        for fmt in exports:
+            export(store, fmt, export_folder(store) / OUTPUT_NAMES[fmt], progress=progress)
+    return Run(store)
+
+
+def repair(store, *, checkpoint: str | None = None, device: str = "auto",
+           progress: bool = True) -> list:
+    """Find damaged chunks (missing files, failed checksums) and recompute exactly those;
+    returns what was found.
+
+    Example:
+        >>> segpipe.repair("clip.zarr")
+    """
+    from .damage import repair as repair_store
+    return repair_store(store, checkpoint, device, quiet=not progress)
+
+
+def export_folder(store) -> Path:
+    """Where `run` exports: `<store name>.export/` beside the store."""
+    store = Path(store)
+    return store.with_name(store.name.removesuffix(".zarr") + ".export")

@@ -1,0 +1,139 @@
+"""Reading results back: `segpipe.open(store)` gives a read-only `Run`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .chunks import ChunkPlan
+from .errors import BadInput, StoreNotReady
+from .store import RunStore
+
+
+class Run:
+    """A read-only view of a segpipe store: the video's frames and times, and the tracked
+    masks and object scores, read (and checksum-verified) chunk by chunk.
+
+    Example:
+        >>> run = segpipe.open("clip.zarr")
+        >>> run.frame_count, run.fps, run.object_ids
+        (1800, 29.97, [1, 2])
+        >>> run.masks(frames=slice(0, 100), objects=[2]).shape   # (frames, objects, H, W)
+        (100, 1, 1080, 1920)
+        >>> run.mask(42, 1)                                       # (H, W) bool
+    """
+
+    def __init__(self, store):
+        self._store = RunStore.open(store)
+
+    def __repr__(self) -> str:
+        return f"segpipe.Run({str(self.path)!r})"
+
+    @property
+    def path(self) -> Path:
+        return self._store.path
+
+    @property
+    def frame_count(self) -> int:
+        """Frames that decoded (the video's true length)."""
+        T = self._store.attrs.get("frame_count")
+        if T is None:
+            raise StoreNotReady(f"store {self.path} is not fully decoded yet (run decode)")
+        return T
+
+    @property
+    def fps(self) -> float:
+        return self._store.attrs["video"]["fps"]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the video."""
+        video = self._store.attrs["video"]
+        return video["width"], video["height"]
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        """Each frame's presentation time in seconds (NaN where the video has none)."""
+        return self._store.read("timestamps", 0, self.frame_count)
+
+    @property
+    def object_ids(self) -> list[int]:
+        """The tracked objects' ids, in the order of the masks' object axis."""
+        return list(self._tracking()["object_ids"])
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(frames, objects) float32: SAM 2's object score logit, NaN where untracked."""
+        self._tracking()
+        return self._store.read("object_scores")
+
+    @property
+    def tracked(self) -> np.ndarray:
+        """(frames,) bool: the frames some tracking pass reached."""
+        self._tracking()
+        return self._store.read("tracked")
+
+    def masks(self, frames: slice | None = None, objects: list[int] | None = None) -> np.ndarray:
+        """(frames, objects, H, W) bool masks of `frames` (a slice; default all) and `objects`
+        (ids; default all), assembled chunk by chunk."""
+        indices, slots = self._frames(frames), self._slots(objects)
+        W, H = self.size
+        out = np.zeros((len(indices), len(slots), H, W), bool)
+        done = 0
+        for _, chunk in self.iter_masks(frames, objects):
+            out[done:done + len(chunk)] = chunk
+            done += len(chunk)
+        return out
+
+    def iter_masks(self, frames: slice | None = None, objects: list[int] | None = None
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(frame indices, masks) one store chunk at a time: for ranges too large to hold."""
+        indices, slots = self._frames(frames), self._slots(objects)
+        plan = ChunkPlan(self.frame_count, self._store.attrs["chunk_size"])
+        if not len(indices):
+            return
+        chunk_of = indices // plan.chunk_size
+        for k in dict.fromkeys(chunk_of.tolist()):
+            lo, hi = plan.bounds(k)
+            wanted = indices[chunk_of == k]
+            data = self._store.read("masks", lo, hi)
+            yield wanted, data[wanted - lo][:, slots]
+
+    def mask(self, frame: int, object: int) -> np.ndarray:  # noqa: A002 - the API's word
+        """(H, W) bool mask of one object on one frame."""
+        T = self.frame_count
+        if not -T <= frame < T:
+            raise BadInput(f"frame {frame} is out of range: the video has frames 0..{T - 1}")
+        frame %= T
+        return self.masks(slice(frame, frame + 1), [object])[0, 0]
+
+    def status(self) -> dict:
+        """Per stage chunks done / total, bytes per array, warnings (as `segpipe status --json`)."""
+        from .status import describe
+        return describe(self.path)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _tracking(self) -> dict:
+        from .stages.export import require_tracked
+        return require_tracked(self._store)
+
+    def _frames(self, frames) -> np.ndarray:
+        T = self.frame_count
+        if frames is None:
+            frames = slice(None)
+        if not isinstance(frames, slice):
+            raise BadInput(f"frames must be a slice (e.g. slice(0, 100)), got {frames!r}")
+        return np.arange(T)[frames]
+
+    def _slots(self, objects) -> list[int]:
+        ids = self.object_ids
+        if objects is None:
+            return list(range(len(ids)))
+        if isinstance(objects, (int, np.integer)):
+            objects = [objects]
+        unknown = [o for o in objects if o not in ids]
+        if unknown or not len(objects):
+            raise BadInput(f"unknown object id {unknown[0] if unknown else objects!r}; "
+                           f"the store tracks {', '.join(map(str, ids))}")
+        return [ids.index(o) for o in objects]

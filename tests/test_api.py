@@ -1,0 +1,152 @@
+"""The Python API alone (no subprocess for the pipeline): prompts as objects, results read back,
+every error class; and the package as pip installs it."""
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+from PIL import Image
+
+import segpipe
+from conftest import ROOT
+from oracle import oracle_masks
+from segpipe import prompts as prompt_file
+
+SIZE = 128
+
+
+@pytest.fixture(scope="module")
+def api_run(tmp_path_factory, clip_dir):
+    """The whole pipeline through `segpipe.run`, prompts given as objects (the mask one as a
+    numpy array), equal to the clip's prompts file."""
+    root = tmp_path_factory.mktemp("api")
+    entries = json.loads((clip_dir / "prompts.json").read_text())["prompts"]
+    objects = []
+    for e in entries:
+        if "mask" in e:
+            mask = np.asarray(Image.open(clip_dir / e["mask"]))  # uint8 0/255
+            objects.append(segpipe.Prompt(e["object"], e["frame"], mask=mask))
+        else:
+            objects.append(segpipe.Prompt(e["object"], e["frame"], points=e.get("points"),
+                                          labels=e.get("labels"), box=e.get("box")))
+    run = segpipe.run(clip_dir / "clip.mp4", root / "clip.zarr", objects, chunk_size=6,
+                      image_size=SIZE, random_weights=0, exports=["davis", "vis-json"],
+                      progress=False)
+    return run
+
+
+def test_run_through_the_api_matches_sam2(api_run, clip_dir):
+    assert isinstance(api_run, segpipe.Run)
+    expected = oracle_masks(api_run.path, clip_dir / "prompts.json")["both"]
+    assert expected.any()
+    assert np.array_equal(api_run.masks(), expected)
+    # the objects are the file's prompts: the same identity as loading the file
+    T, (W, H) = api_run.frame_count, api_run.size
+    stored = zarr.open_group(str(api_run.path), mode="r").attrs["track"]["prompts_sha256"]
+    assert stored == prompt_file.digest(prompt_file.load(clip_dir / "prompts.json", T, W, H))
+    folder = segpipe.api.export_folder(api_run.path)
+    assert len(list((folder / "davis").iterdir())) == 40 and (folder / "masks.json").is_file()
+
+
+def test_reading_results_back(api_run):
+    run = segpipe.open(api_run.path)
+    group = zarr.open_group(str(run.path), mode="r")
+    masks, scores = group["masks"][...], group["object_scores"][...]
+    assert run.frame_count == 40 and run.fps == 24.0 and run.size == (160, 120)
+    assert run.object_ids == [1, 2, 3]
+    assert np.allclose(np.diff(run.timestamps), 1 / 24, atol=1e-3)
+    part = run.masks(frames=slice(5, 17), objects=[3, 1])  # crosses chunks 0, 1 and 2
+    assert part.shape == (12, 2, 120, 160) and part.dtype == bool
+    assert np.array_equal(part, masks[5:17][:, [2, 0]])
+    assert np.array_equal(run.masks(frames=slice(None, None, 7)), masks[::7])
+    assert np.array_equal(run.mask(13, 2), masks[13, 1])
+    assert np.array_equal(run.scores, scores, equal_nan=True) and run.tracked.all()
+    chunks = list(run.iter_masks(frames=slice(4, 20)))
+    assert [list(idx) for idx, _ in chunks] == [[4, 5], list(range(6, 12)), list(range(12, 18)),
+                                                [18, 19]]
+    assert run.status()["stages"]["track_forward"]["done"] == 6
+
+
+def test_prompts_as_dicts_and_a_new_track(api_run, tmp_path):
+    store = shutil.copytree(api_run.path, tmp_path / "s.zarr")
+    mask = np.zeros((120, 160), bool)
+    mask[40:60, 50:90] = True
+    run = segpipe.track(store, [{"object": 5, "frame": 30, "mask": mask},
+                                {"object": 6, "frame": 30, "points": np.array([[20.0, 30.0]]),
+                                 "labels": np.array([1])}],
+                        direction="forward", progress=False)
+    assert run.object_ids == [5, 6]
+    assert not run.tracked[:30].any() and run.tracked[30:].all()
+    assert not run.masks(frames=slice(0, 30)).any()  # untracked frames read as empty
+    out = segpipe.export(store, "davis", tmp_path / "d", frames=slice(28, 33), objects=[6],
+                         progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [f"{t:05d}.png" for t in range(28, 33)]
+
+
+def test_progress_false_prints_nothing(clip_dir, tmp_path, capfd):
+    segpipe.decode(clip_dir / "clip.mp4", tmp_path / "q.zarr", chunk_size=8, image_size=32,
+                   progress=False)
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_every_error_class(api_run, clip_dir, tmp_path):
+    assert all(issubclass(c, segpipe.SegpipeError) for c in (
+        segpipe.BadInput, segpipe.StoreNotReady, segpipe.StoreMismatch, segpipe.DamagedStore,
+        segpipe.StoreLocked))
+    with pytest.raises(segpipe.BadInput, match="video not found"):
+        segpipe.decode(tmp_path / "nope.mp4", tmp_path / "a.zarr", progress=False)
+    with pytest.raises(segpipe.BadInput, match="prompt #0"):  # frame 99 of 40
+        segpipe.track(api_run.path, [segpipe.Prompt(1, 99, box=[0, 0, 5, 5])], progress=False)
+    with pytest.raises(segpipe.BadInput, match="unknown object id 9"):
+        api_run.masks(objects=[9])
+    decoded = tmp_path / "d.zarr"
+    segpipe.decode(clip_dir / "clip.mp4", decoded, chunk_size=8, image_size=32, progress=False)
+    with pytest.raises(segpipe.StoreNotReady, match="not fully encoded"):
+        segpipe.track(decoded, clip_dir / "prompts.json", progress=False)
+    with pytest.raises(segpipe.StoreNotReady, match="no tracking results"):
+        segpipe.open(decoded).masks()
+    with pytest.raises(segpipe.StoreMismatch, match="chunk_size"):
+        segpipe.decode(clip_dir / "clip.mp4", decoded, chunk_size=4, progress=False)
+    damaged = shutil.copytree(api_run.path, tmp_path / "damaged.zarr")
+    (damaged / "masks" / "c" / "2" / "0" / "0" / "0").unlink()
+    with pytest.raises(segpipe.DamagedStore, match="'masks' chunk 2 is missing"):
+        segpipe.open(damaged).masks(frames=slice(10, 14))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from segpipe.lock import store_lock\n"
+        f"with store_lock({str(decoded)!r}):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(segpipe.StoreLocked, match=f"pid {holder.pid}"):
+            segpipe.decode(clip_dir / "clip.mp4", decoded, progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_import_segpipe_does_not_import_torch():
+    code = "import sys, segpipe; print('torch' in sys.modules, 'sam2' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_pip_install_puts_only_segpipe_in_site_packages(tmp_path):
+    """`pip install .` of a copy of the source (without dependencies: no network) into an
+    empty target folder."""
+    src, target = tmp_path / "src", tmp_path / "site"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "pipeline", "stages"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                         if (ROOT / name).is_dir() else {}))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--disable-pip-version-check", "--target",
+                    str(target), str(src)], check=True, capture_output=True, cwd=tmp_path)
+    names = sorted(p.name for p in target.iterdir() if p.name != "bin")
+    assert names == ["segpipe", "segpipe-0.1.0.dist-info"], names
+    assert (target / "segpipe" / "stages" / "track.py").is_file()
+    assert (target / "segpipe" / "__init__.py").read_text() == (ROOT / "pipeline" / "__init__.py").read_text()
