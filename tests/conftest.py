@@ -138,20 +138,46 @@ def store_arrays(store: Path) -> dict:
     return out
 
 
+def chunk_files(store: Path, names) -> set[str]:
+    """The chunk files of the arrays `names`, as paths relative to the store
+    (`masks/c/3/0/0/0`): zarr reads a missing chunk as fill, so values alone cannot tell."""
+    store = Path(store)
+    return {str(f.relative_to(store)) for name in names
+            for f in (store / name / "c").rglob("*") if f.is_file()}
+
+
+def read_checked(store: Path, name: str) -> np.ndarray:
+    """A whole array as the pipeline reads it back: a missing or corrupt chunk file raises
+    (`RunStore.read`) instead of reading as fill."""
+    from segpipe.store import RunStore
+    return RunStore.open(store).read(name)
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal dtype, shape and values; floats compared bit for bit (NaN payloads, -0.0)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind == "f":
+        bits = np.dtype(f"u{a.dtype.itemsize}")
+        return np.array_equal(np.ascontiguousarray(a).view(bits), np.ascontiguousarray(b).view(bits))
+    return np.array_equal(a, b)
+
+
 def assert_same_store(a: Path, b: Path, skip=(), skip_attrs=()):
-    """Identical arrays and attributes; paths inside attributes compared relative to the store.
+    """Identical arrays (values bit for bit, and the same chunk files), array attributes and
+    group attributes; paths inside attributes compared relative to the store.
     `skip`: array name prefixes left out; `skip_attrs`: group attributes left out."""
     import zarr
     xa, xb = store_arrays(a), store_arrays(b)
-    assert sorted(k for k in xa if not k.startswith(skip or "\0")) == \
-        sorted(k for k in xb if not k.startswith(skip or "\0"))
-    for name in xa:
-        if skip and name.startswith(skip):
-            continue
+    names = sorted(k for k in xa if not k.startswith(skip or "\0"))
+    assert names == sorted(k for k in xb if not k.startswith(skip or "\0"))
+    for name in names:
         (va, aa), (vb, ab) = xa[name], xb[name]
         assert va.dtype == vb.dtype and va.shape == vb.shape, name
-        assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), name
+        assert same_values(va, vb), name
         assert aa == ab, name
+    fa, fb = chunk_files(a, names), chunk_files(b, names)
+    assert fa == fb, f"chunk files only in {a}: {sorted(fa - fb)}; only in {b}: {sorted(fb - fa)}"
     ga = {k: v for k, v in zarr.open_group(str(a), mode="r").attrs.items() if k not in skip_attrs}
     gb = {k: v for k, v in zarr.open_group(str(b), mode="r").attrs.items() if k not in skip_attrs}
     text_a = str(ga).replace(str(Path(a).parent), "<dir>")

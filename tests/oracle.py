@@ -7,6 +7,7 @@ and the same prompts through SAM 2's public API, and propagates over the whole v
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,21 @@ from PIL import Image
 from segpipe import prompts as prompt_file
 from segpipe.model import Weights, build_model
 
+DIRECTIONS = ("both", "forward", "reverse")
 
-def oracle_masks(store_path, prompts_path, predictor=None) -> dict[str, np.ndarray]:
-    """Masks (T, O, H, W) per direction: "forward" and "reverse" each from a fresh state with
-    all prompts added up front, and "both" (reverse before the earliest prompt, forward on)."""
+
+@dataclass
+class Oracle:
+    """Per direction ("forward", "reverse", "both"): `masks` (T, O, H, W) bool and `scores`
+    (T, O) float32, each object's score logit (NaN where the pass did not track the frame)."""
+    masks: dict[str, np.ndarray]
+    scores: dict[str, np.ndarray]
+
+
+def oracle_tracking(store_path, prompts_path, predictor=None) -> Oracle:
+    """"forward" and "reverse" each from a fresh state with all prompts added up front, and
+    "both" (reverse before the earliest prompt, forward from it on). Masks are what
+    `propagate_in_video` yields; scores are read from the predictor's own state after it."""
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs
     frames = group["frames"][...]
@@ -30,7 +42,7 @@ def oracle_masks(store_path, prompts_path, predictor=None) -> dict[str, np.ndarr
     if predictor is None:
         predictor = build_model("sam2.1_hiera_t", attrs["image_size"],
                                 Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
-    result = {}
+    masks, scores = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for t, frame in enumerate(frames):
             Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
@@ -46,13 +58,29 @@ def oracle_masks(store_path, prompts_path, predictor=None) -> dict[str, np.ndarr
                         points=None if p.points is None else np.array(p.points, np.float32),
                         labels=None if p.labels is None else np.array(p.labels, np.int32),
                         box=None if p.box is None else np.array(p.box, np.float32))
-            masks = np.zeros((T, len(ids), H, W), bool)
+            m = np.zeros((T, len(ids), H, W), bool)
+            tracked = []
             with torch.inference_mode():
                 for t, obj_ids, video_res in predictor.propagate_in_video(
                         state, reverse=direction == "reverse"):
                     assert list(obj_ids) == ids
-                    masks[t] = (video_res[:, 0] > 0.0).numpy()
-            result[direction] = masks
+                    m[t] = (video_res[:, 0] > 0.0).numpy()
+                    tracked.append(t)
+            s = np.full((T, len(ids)), np.nan, np.float32)
+            for o in range(len(ids)):
+                outputs = state["output_dict_per_obj"][o]
+                for t in tracked:
+                    out = (outputs["cond_frame_outputs"].get(t)
+                           or outputs["non_cond_frame_outputs"][t])
+                    s[t, o] = out["object_score_logits"].detach().cpu().float().reshape(()).numpy()
+            masks[direction], scores[direction] = m, s
     start = min(p.frame for p in prompts)
-    result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
-    return result
+    for result in (masks, scores):
+        result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
+    return Oracle(masks, scores)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equality of two float32 arrays (NaNs included, -0.0 differs from 0.0)."""
+    a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))

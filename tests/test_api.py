@@ -12,7 +12,7 @@ from PIL import Image
 
 import segpipe
 from conftest import ROOT
-from oracle import oracle_masks
+from oracle import oracle_tracking, same_bits
 from segpipe import prompts as prompt_file
 
 SIZE = 128
@@ -40,9 +40,10 @@ def api_run(tmp_path_factory, clip_dir):
 
 def test_run_through_the_api_matches_sam2(api_run, clip_dir):
     assert isinstance(api_run, segpipe.Run)
-    expected = oracle_masks(api_run.path, clip_dir / "prompts.json")["both"]
-    assert expected.any()
-    assert np.array_equal(api_run.masks(), expected)
+    expected = oracle_tracking(api_run.path, clip_dir / "prompts.json")
+    assert expected.masks["both"].any()
+    assert np.array_equal(api_run.masks(), expected.masks["both"])
+    assert same_bits(api_run.scores, expected.scores["both"])
     # the objects are the file's prompts: the same identity as loading the file
     T, (W, H) = api_run.frame_count, api_run.size
     stored = zarr.open_group(str(api_run.path), mode="r").attrs["track"]["prompts_sha256"]

@@ -1,7 +1,7 @@
 import json
 import random
+import shutil
 import signal
-import time
 
 import av
 import numpy as np
@@ -10,27 +10,33 @@ import zarr
 from PIL import Image
 
 from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
-                      tree_digest, wait_for)
+                      tree_digest, tree_mtimes, wait_for)
 from segpipe.stages.encode import encode
 from segpipe.stages.export import compose, davis_palette
 from segpipe.stages.track import track
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory, clip_dir, predictor):
+def pristine(tmp_path_factory, clip_dir, predictor):
+    """A tracked store no export has touched. Read-only: tests copy it."""
     store = tmp_path_factory.mktemp("export") / "s.zarr"
     segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 2,
             "--image-size", IMAGE_SIZE, "--quiet", check=True)
     encode(store, random_seed=0, quiet=True, predictor=predictor)
-    track(store, clip_dir / "prompts.json", quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     return store
+
+
+@pytest.fixture(scope="module")
+def tracked(pristine, tmp_path_factory):
+    """A copy of `pristine` that the tests below export from (each to its own folder)."""
+    return shutil.copytree(pristine, tmp_path_factory.mktemp("shared") / "s.zarr")
 
 
 @pytest.fixture(scope="module")
 def gt_store(tracked, clip_dir, tmp_path_factory):
     """The tracked store with its masks replaced by the clip's ground truth: random weights
     give blobs, and the overlay check wants objects with a clear inside and outside."""
-    import shutil
     store = shutil.copytree(tracked, tmp_path_factory.mktemp("gt") / "gt.zarr")
     zarr.open_group(str(store), mode="r+")["masks"][...] = np.load(clip_dir / "masks.npy")
     return store
@@ -129,27 +135,47 @@ def test_overlay_video_matches_source_and_masks(gt_store, tmp_path, clip_dir):
     assert checked_in >= 10 and checked_out >= 5
 
 
-def test_kill_mid_export_then_resume_gives_identical_files(tracked, tmp_path):
+def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
+    """The kill lands while export is writing chunks (some done, not all), on a store copy
+    whose export ledgers start empty; the reference export runs on another copy."""
     rng = random.Random(7)
+    ref_store = shutil.copytree(pristine, tmp_path / "stores" / "ref.zarr")
+    store = shutil.copytree(pristine, tmp_path / "stores" / "killed.zarr")
+    outs = tmp_path / "out"
+    outs.mkdir()
+    total = -(-zarr.open_group(str(pristine), mode="r").attrs["frame_count"] // 2)  # chunks of 2
     for fmt, name in (("overlay", "o.mp4"), ("davis", "d"), ("vis-json", "v.json")):
-        ref = tmp_path / f"ref_{name}"
-        segpipe("export", "--store", tracked, "--format", fmt, "--out", ref, "--quiet", check=True)
-        out = tmp_path / name
-        proc = popen_segpipe("export", "--store", tracked, "--format", fmt, "--out", out)
-        target = rng.randint(1, 12)
-        assert wait_for(lambda: ledger_count(tracked, f"export_{fmt}") >= target, proc)
-        time.sleep(rng.uniform(0, 0.05))
+        stage = f"export_{fmt}"
+        assert ledger_count(store, stage) == 0
+        ref = outs / f"ref_{name}"
+        segpipe("export", "--store", ref_store, "--format", fmt, "--out", ref, "--quiet", check=True)
+        out = outs / name
+        proc = popen_segpipe("export", "--store", store, "--format", fmt, "--out", out)
+        target = rng.randint(1, total // 2)
+        reached = wait_for(lambda: ledger_count(store, stage) >= target, proc)
+        proc.send_signal(signal.SIGSTOP)  # frozen where it is: the kill lands at this moment
+        done = ledger_count(store, stage)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        segpipe("export", "--store", tracked, "--format", fmt, "--out", out, "--quiet", check=True)
+        print(f"{fmt}: killed with {done} of {total} chunks done")
+        assert reached and 0 < done < total, (fmt, target, done, total)
+        assert ledger_count(store, stage) == done
+        done_files = {k: v for k, v in tree_mtimes(store / "ledger" / stage).items()
+                      if k.startswith("c/")}
+        assert len(done_files) == done
+        segpipe("export", "--store", store, "--format", fmt, "--out", out, "--quiet", check=True)
+        # resumed, not started over: the chunks done before the kill were not redone
+        after = tree_mtimes(store / "ledger" / stage)
+        assert {k: after.get(k) for k in done_files} == done_files
         if out.is_dir():
             assert tree_digest(out) == tree_digest(ref)
         else:
             assert out.read_bytes() == ref.read_bytes()
-            assert not out.with_name(f".{out.name}.parts").exists()
-        before = tree_digest(tmp_path)
-        proc = segpipe("export", "--store", tracked, "--format", fmt, "--out", out, check=True)
-        assert "already complete" in proc.stderr and tree_digest(tmp_path) == before
+        assert not out.with_name(f".{out.name}.parts").exists()
+        before = tree_digest(outs), tree_digest(store)  # (the lock file beside it changes)
+        proc = segpipe("export", "--store", store, "--format", fmt, "--out", out, check=True)
+        assert "already complete" in proc.stderr
+        assert (tree_digest(outs), tree_digest(store)) == before
 
 
 def test_subsets(tracked, tmp_path):

@@ -1,17 +1,23 @@
 """Tracking against the oracle: SAM 2's own SAM2VideoPredictor on the same frames, weights and
-prompts, whole video in memory. Every comparison is bit-for-bit."""
+prompts, whole video in memory. Every comparison is bit-for-bit: masks, and the object score
+logits (with random weights thresholded masks are a coarse probe), as the store reads them
+back with a missing chunk file detected, not read as fill.
+
+The module's encoded stores are read-only for tests: a test that tracks copies the store it
+needs, so no test depends on what another one did to a store first."""
 import json
 import random
 import shutil
 import signal
+import time
 
 import numpy as np
 import pytest
-import zarr
 
 from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
-                      segpipe, tree_digest, wait_for)
-from oracle import oracle_masks
+                      read_checked, segpipe, tree_digest, tree_mtimes, wait_for)
+from oracle import oracle_tracking, same_bits
+from segpipe.store import RunStore
 from segpipe.stages.encode import encode
 from segpipe.stages.track import track
 
@@ -21,7 +27,8 @@ CHUNK_SIZES = [1, 3, 7, 16, 64]
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, clip_dir, predictor):
-    """One encoded store per chunk size (decode by the CLI, encode in-process)."""
+    """One encoded store per chunk size (decode by the CLI, encode in-process). Read-only:
+    copy one (`copy_of`) before tracking in it."""
     root = tmp_path_factory.mktemp("track")
     out = {}
     for C in CHUNK_SIZES:
@@ -33,9 +40,35 @@ def stores(tmp_path_factory, clip_dir, predictor):
     return out
 
 
+@pytest.fixture(autouse=True)
+def stores_stay_unchanged(request):
+    """Guards the read-only rule: no test may change a shared store."""
+    if "stores" not in request.fixturenames:
+        yield
+        return
+    stores = request.getfixturevalue("stores")
+    before = {C: tree_mtimes(s) for C, s in stores.items()}
+    yield
+    assert {C: tree_mtimes(s) for C, s in stores.items()} == before, "a shared store changed"
+
+
+def copy_of(stores, chunk_size, tmp_path):
+    return shutil.copytree(stores[chunk_size], tmp_path / f"c{chunk_size}.zarr")
+
+
 @pytest.fixture(scope="module")
 def oracle(stores, clip_dir, predictor):
-    return oracle_masks(stores[CHUNK_SIZES[0]], clip_dir / "prompts.json", predictor)
+    return oracle_tracking(stores[CHUNK_SIZES[0]], clip_dir / "prompts.json", predictor)
+
+
+def assert_matches_oracle(store, oracle, direction, label=""):
+    """Masks equal and object scores bit-identical to SAM 2's, as read back from the store."""
+    masks, scores = read_checked(store, "masks"), read_checked(store, "object_scores")
+    assert oracle.masks[direction].any()
+    assert masks.shape == oracle.masks[direction].shape, (direction, label)
+    assert np.array_equal(masks, oracle.masks[direction]), (direction, label)
+    assert scores.dtype == np.float32, (direction, label)
+    assert same_bits(scores, oracle.scores[direction]), (direction, label)
 
 
 def test_prompts_cover_points_box_mask_on_different_frames(clip_dir):
@@ -44,41 +77,47 @@ def test_prompts_cover_points_box_mask_on_different_frames(clip_dir):
     assert len({e["frame"] for e in entries}) >= 2 and len({e["object"] for e in entries}) >= 2
 
 
+def test_oracle_scores_cover_exactly_the_tracked_frames(oracle):
+    for direction, expected in (("both", np.ones(T, bool)), ("forward", np.arange(T) >= 9),
+                                ("reverse", np.arange(T) <= 9)):
+        scores = oracle.scores[direction]
+        assert scores.shape == (T, 3) and scores.dtype == np.float32
+        assert np.array_equal(~np.isnan(scores), np.repeat(expected[:, None], 3, 1)), direction
+        assert len(np.unique(scores[expected])) > T // 2  # real logits, not a constant
+
+
+@pytest.mark.parametrize("direction", ["both", "forward", "reverse"])
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_masks_bit_identical_to_sam2(stores, oracle, clip_dir, predictor, chunk_size):
-    store = stores[chunk_size]
-    for direction in ("both", "forward", "reverse"):
-        track(store, clip_dir / "prompts.json", direction, quiet=True, predictor=predictor)
-        group = zarr.open_group(str(store), mode="r")
-        masks = group["masks"][...]
-        assert masks.shape == (T, 3, 120, 160) and group["masks"].attrs["object_ids"] == [1, 2, 3]
-        assert oracle[direction].any()
-        assert np.array_equal(masks, oracle[direction]), (direction, chunk_size)
-        tracked = group["tracked"][...]
-        expected = {"both": np.ones(T, bool), "forward": np.arange(T) >= 9,
-                    "reverse": np.arange(T) <= 9}[direction]
-        assert np.array_equal(tracked, expected)
-        assert np.isnan(group["object_scores"][...][~tracked]).all()
+def test_masks_bit_identical_to_sam2(stores, oracle, clip_dir, predictor, chunk_size, direction,
+                                     tmp_path):
+    store = copy_of(stores, chunk_size, tmp_path)
+    track(store, clip_dir / "prompts.json", direction, quiet=True, predictor=predictor)
+    assert_matches_oracle(store, oracle, direction, chunk_size)
+    assert read_checked(store, "masks").shape == (T, 3, 120, 160)
+    assert RunStore.open(store).array("masks").attrs["object_ids"] == [1, 2, 3]
+    tracked = read_checked(store, "tracked")
+    expected = {"both": np.ones(T, bool), "forward": np.arange(T) >= 9,
+                "reverse": np.arange(T) <= 9}[direction]
+    assert np.array_equal(tracked, expected)
 
 
 def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_path):
     rng = random.Random(4)
-    store = shutil.copytree(stores[3], tmp_path / "s.zarr")
+    store = copy_of(stores, 3, tmp_path)
     target = rng.randint(1, 8)
     proc = popen_segpipe("track", "--store", store, "--prompts", clip_dir / "prompts.json",
                          "--direction", "both")
     assert wait_for(lambda: ledger_count(store, "track_forward") >= target, proc, timeout=300)
-    import time
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "track_forward") < 11  # 31 forward frames in chunks of 3
     segpipe("track", "--store", store, "--quiet", check=True)  # the stored prompts and direction
-    assert np.array_equal(zarr.open_group(str(store), mode="r")["masks"][...], oracle["both"])
+    assert_matches_oracle(store, oracle, "both", "killed")
 
 
 def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, predictor):
-    store = shutil.copytree(stores[7], tmp_path / "s.zarr")
+    store = copy_of(stores, 7, tmp_path)
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     masks = np.load(clip_dir / "masks.npy")
     ys, xs = np.nonzero(masks[25, 2])
@@ -88,13 +127,11 @@ def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, pr
         {"object": 1, "frame": 30, "box": [10, 10, 60, 50]},
     ]}))
     calls = EncoderCalls(predictor)
-    track(store, second, quiet=True, predictor=predictor)  # the store's direction: both
+    track(store, second, "both", quiet=True, predictor=predictor)
     calls.close()
     assert calls.count == 0
-    group = zarr.open_group(str(store), mode="r")
-    assert group["masks"].attrs["object_ids"] == [7, 1]
-    expected = oracle_masks(store, second, predictor)["both"]
-    assert np.array_equal(group["masks"][...], expected)
+    assert RunStore.open(store).array("masks").attrs["object_ids"] == [7, 1]
+    assert_matches_oracle(store, oracle_tracking(store, second, predictor), "both", "re-prompted")
     before = tree_digest(store)
     track(store, second, quiet=True, predictor=predictor)  # finished: a no-op
     assert tree_digest(store) == before
@@ -108,7 +145,7 @@ def test_sam2_itself_crashes_without_the_memory_cast(stores, clip_dir):
     raw = build_sam2_video_predictor("configs/sam2.1/sam2.1_hiera_t.yaml", device="cpu",
                                      hydra_overrides_extra=[f"++model.image_size={IMAGE_SIZE}"])
     with pytest.raises(RuntimeError, match="dtype"):
-        oracle_masks(stores[64], clip_dir / "prompts.json", raw)
+        oracle_tracking(stores[64], clip_dir / "prompts.json", raw)
 
 
 BAD_PROMPTS = {
