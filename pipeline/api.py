@@ -26,18 +26,22 @@ def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
 
 
 def decode(video, store, *, chunk_size: int | None = None, image_size: int | None = None,
-           force: bool = False, progress: bool = True) -> Run:
-    """Decode `video` into the store's model-input frames (creating the store).
+           stream: int | None = None, fps: float | None = None, force: bool = False,
+           progress: bool = True) -> Run:
+    """Decode `video` (a video file, or a folder of JPEG/PNG frames named by number, as SAM 2
+    reads them) into the store's model-input frames, upright (a phone's rotation applied).
 
     `chunk_size` (default 32) frames make the unit of work and storage; `image_size`
-    (default 1024) is SAM 2's input size. `force` starts over a store made from another
-    video or with other settings instead of refusing.
+    (default 1024) is SAM 2's input size; `stream` the video stream of a file with several
+    (default: the container's default); `fps` a frame folder's rate (default 24). `force`
+    starts over a store made from another video or with other settings instead of refusing.
 
     Example:
         >>> segpipe.decode("clip.mp4", "clip.zarr", chunk_size=32, image_size=1024)
     """
     from .stages.decode import decode as decode_stage
-    decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress, force=force)
+    decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress,
+                 force=force, stream=stream, fps=fps)
     return Run(store)
 
 
@@ -96,7 +100,8 @@ def export(store, format: str, out, *, frames: slice | str | None = None,  # noq
 
 
 def run(video, store, prompts=None, *, chunk_size: int | None = None,
-        image_size: int | None = None, model: str = DEFAULT_MODEL,
+        image_size: int | None = None, stream: int | None = None, fps: float | None = None,
+        model: str = DEFAULT_MODEL,
         checkpoint: str | None = None, random_weights: int | None = None, device: str = "auto",
         batch_size: int = 1, embedding_dtype: str = "float32", direction: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
@@ -116,8 +121,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
     with store_lock(store):  # the whole run, not only each stage
-        decode(video, store, chunk_size=chunk_size, image_size=image_size, force=force,
-               progress=progress)
+        decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
+               fps=fps, force=force, progress=progress)
         encode(store, model=model, checkpoint=checkpoint, random_weights=random_weights,
                device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
                force=force, progress=progress)

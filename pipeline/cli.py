@@ -24,6 +24,10 @@ CHECKPOINT = click.option("--checkpoint", default=None,
 
 
 def decode_options(f):
+    f = click.option("--fps", type=float, default=None, show_default="24 for a frame folder",
+                     help="Frame rate of a folder of frames (a video file has its own).")(f)
+    f = click.option("--stream", type=int, default=None, show_default="the default stream",
+                     help="Which video stream of a file with several (its stream number).")(f)
     f = click.option("--image-size", type=int, default=None, show_default="1024, or the store's",
                      help="Model input size S (frames are resized to S x S; a multiple of 32).")(f)
     f = click.option("--chunk-size", type=int, default=None, show_default="32, or the store's",
@@ -77,16 +81,18 @@ def cli():
 @decode_options
 @FORCE
 @QUIET
-def decode(video, store, chunk_size, image_size, force, quiet):
-    """Decode VIDEO into the store's model-input frames.
+def decode(video, store, chunk_size, image_size, stream, fps, force, quiet):
+    """Decode VIDEO (a video file, or a folder of numbered JPEG/PNG frames) into the store's
+    model-input frames, upright.
 
     \b
     Example:
       segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
+      segpipe decode davis/JPEGImages/480p/bear --store bear.zarr --image-size 1024
     """
     with writing(store):
-        api.decode(video, store, chunk_size=chunk_size, image_size=image_size, force=force,
-                   progress=not quiet)
+        api.decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
+                   fps=fps, force=force, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -167,7 +173,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @DEVICE
 @FORCE
 @QUIET
-def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random_seed,
+def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
         batch_size, embedding_dtype, direction, exports, device, force, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
@@ -178,7 +184,8 @@ def run(video, store, prompts, chunk_size, image_size, model, checkpoint, random
     """
     formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
     with writing(store):
-        api.run(video, store, prompts, chunk_size=chunk_size, image_size=image_size, model=model,
+        api.run(video, store, prompts, chunk_size=chunk_size, image_size=image_size,
+                stream=stream, fps=fps, model=model,
                 checkpoint=checkpoint, random_weights=random_seed, device=device,
                 batch_size=batch_size, embedding_dtype=embedding_dtype, direction=direction,
                 exports=formats, force=force, progress=not quiet)

@@ -23,7 +23,11 @@ FORMAT_NAME = "segpipe"
 
 
 def file_identity(path: Path) -> dict:
-    """Size, modification time and sha256 of a file: how a store recognises its source."""
+    """Size, modification time and sha256 of a file (or a frame folder): how a store
+    recognises its source."""
+    if Path(path).is_dir():
+        from .frame_folder import identity
+        return identity(Path(path))
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -36,10 +40,15 @@ def same_file(recorded: dict, path: Path) -> bool:
     """Whether `path` is still the file `recorded` describes. Hashing hours of video on every
     run costs seconds to minutes, so an unchanged size and modification time are trusted;
     anything else is decided by the sha256."""
-    stat = Path(path).stat()
-    if stat.st_size != recorded["size"]:
+    if Path(path).is_dir():
+        from .frame_folder import size_and_mtime
+        size, mtime = size_and_mtime(Path(path))
+    else:
+        stat = Path(path).stat()
+        size, mtime = stat.st_size, stat.st_mtime_ns
+    if size != recorded["size"]:
         return False
-    if stat.st_mtime_ns == recorded.get("mtime_ns"):
+    if mtime == recorded.get("mtime_ns"):
         return True
     return file_identity(path)["sha256"] == recorded["sha256"]
 

@@ -1,4 +1,10 @@
-"""Reading source videos with PyAV: probing, and streaming frames from a given point."""
+"""Reading sources: a video file with PyAV, or a folder of frames (SAM 2's own input), probed
+and streamed from a given frame as upright RGB pictures.
+
+A picture is a zero-argument callable giving the frame as an upright RGB `PIL.Image`: the
+conversion (and the rotation a phone's display matrix asks for) runs wherever the caller
+calls it, in decode's resize pool for instance.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +13,15 @@ from pathlib import Path
 from typing import Iterator
 
 import av
+from PIL import Image
 
+from . import frame_folder
 from .errors import BadInput
+
+# PIL transposes that show a frame upright, by the display matrix's counter-clockwise
+# rotation (PyAV's `VideoFrame.rotation`), as players and the ffmpeg CLI show it.
+UPRIGHT = {90: Image.Transpose.ROTATE_90, 180: Image.Transpose.ROTATE_180,
+           270: Image.Transpose.ROTATE_270}
 
 
 @dataclass(frozen=True)
@@ -18,35 +31,61 @@ class VideoInfo:
     fps: float
     frame_rate: str  # exact, as a fraction ("30000/1001")
     time_base: str
-    claimed_frames: int  # what the container says; the truth is what decodes
+    claimed_frames: int  # what a player would show; the truth is what decodes
+    rotation: int = 0  # degrees counter-clockwise applied to make frames upright
+    stream: int | None = None  # the container's stream index (None: a frame folder)
+    kind: str = "video"  # "video" or "frames" (a folder)
+    coded_size: tuple[int, int] | None = None  # (width, height) before the rotation
 
     def as_attrs(self) -> dict:
         return {"width": self.width, "height": self.height, "fps": self.fps,
                 "frame_rate": self.frame_rate, "time_base": self.time_base,
-                "claimed_frames": self.claimed_frames}
+                "claimed_frames": self.claimed_frames, "rotation": self.rotation,
+                "stream": self.stream, "kind": self.kind}
 
 
-def open_video(path: Path):
+def open_video(path: Path, stream_index: int | None = None):
+    """The container and its video stream: `stream_index` (the container's stream number),
+    or the one FFmpeg ranks best (the default stream)."""
     path = Path(path)
     if not path.exists():
         raise BadInput(f"video not found: {path}")
-    if path.is_dir():
-        raise BadInput(f"video path is a directory, not a video file: {path}")
     try:
         container = av.open(str(path))
     except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged metadata
         raise BadInput(f"not a readable video: {path} ({_reason(e)})") from None
-    if not container.streams.video:
+    videos = list(container.streams.video)
+    if not videos:
         container.close()
         raise BadInput(f"no video stream in {path}")
-    stream = container.streams.video[0]
+    if stream_index is None:
+        stream = container.streams.best("video") or videos[0]
+    else:
+        stream = next((s for s in videos if s.index == stream_index), None)
+        if stream is None:
+            container.close()
+            raise BadInput(f"--stream {stream_index}: {path} has video streams "
+                           f"{', '.join(str(s.index) for s in videos)}")
     stream.thread_type = "AUTO"
     return container, stream
 
 
-def probe(path: Path) -> VideoInfo:
-    """Open the video and decode its first frame: a file that cannot give one is refused."""
-    container, stream = open_video(path)
+def video_streams(path: Path) -> list[str]:
+    """One line per video stream of the file, as the user chooses among them."""
+    container, _ = open_video(path)
+    try:
+        return [f"#{s.index} {s.codec_context.name} {s.width}x{s.height}" for s in container.streams.video]
+    finally:
+        container.close()
+
+
+def probe(path: Path, stream_index: int | None = None, fps: float | None = None) -> VideoInfo:
+    """Open the video (or frame folder) and decode its first frame: a source that cannot
+    give one is refused."""
+    path = Path(path)
+    if path.is_dir():
+        return frame_folder.probe(path, fps)
+    container, stream = open_video(path, stream_index)
     try:
         try:
             first = next(_decode(container, stream), None)
@@ -57,14 +96,26 @@ def probe(path: Path) -> VideoInfo:
         if first is None:
             raise BadInput(f"video has no decodable frames: {path}")
         rate = stream.average_rate or stream.guessed_rate or Fraction(0)
-        claimed = stream.frames or (
-            int(round(float(stream.duration * stream.time_base) * float(rate)))
-            if stream.duration and rate else 0
-        )
-        return VideoInfo(first.width, first.height, float(rate), str(rate), str(stream.time_base),
-                         claimed)
+        rotation = first.rotation % 360 if first.rotation % 90 == 0 else 0
+        width, height = (first.height, first.width) if rotation in (90, 270) else (first.width, first.height)
+        return VideoInfo(width, height, float(rate), str(rate), str(stream.time_base),
+                         shown_frames(container, stream, rate), rotation, stream.index,
+                         coded_size=(first.width, first.height))
     finally:
         container.close()
+
+
+def shown_frames(container, stream, rate) -> int:
+    """The frames a player shows: the stream's duration (which an MP4 edit list trims; a
+    stream-copy cut keeps the cut frames' packets, so the packet count overstates it), else
+    the container's duration (MKV and WebM give no count), at the average rate."""
+    if not rate:
+        return stream.frames or 0
+    if stream.duration:
+        return int(round(float(stream.duration * stream.time_base) * float(rate)))
+    if container.duration:
+        return int(round(container.duration / av.time_base * float(rate)))
+    return stream.frames or 0
 
 
 # How far before the resume point a seek is retried when it lands late (MPEG-TS lands a
@@ -72,10 +123,10 @@ def probe(path: Path) -> VideoInfo:
 SEEK_BACKOFF_S = (0.0, 2.0, 10.0, 60.0)
 
 
-def iter_frames(path: Path, start: int = 0, before_pts: int | None = None
-                ) -> Iterator[tuple[int | None, float, "av.VideoFrame"]]:
-    """Yield (pts, seconds, frame) from frame index `start` on: the one way segpipe picks a
-    source up again (resumed decode, repair, overlay export).
+def iter_frames(path: Path, start: int = 0, before_pts: int | None = None,
+                stream_index: int | None = None) -> Iterator[tuple[int | None, float, "Picture"]]:
+    """Yield (pts, seconds, picture) from frame index `start` on: the one way segpipe picks a
+    source up again (resumed decode, repair, overlay export). A frame folder is indexed.
 
     `before_pts` is the stored pts of frame start-1. A seek is used only when it is proven
     to have landed at or before that frame: the decoder must output the frame with exactly
@@ -83,19 +134,34 @@ def iter_frames(path: Path, start: int = 0, before_pts: int | None = None
     as a last resort (or without pts) the stream is decoded from the start, skipping
     `start` frames by count and checking frame start-1's pts. Frames already stored are
     never shifted."""
+    if Path(path).is_dir():
+        yield from frame_folder.iter_frames(Path(path), start)
+        return
     if start > 0 and before_pts is not None and before_pts >= 0:
         for back in SEEK_BACKOFF_S:
-            frames = _seek_frames(path, before_pts, back)
+            frames = _seek_frames(path, before_pts, back, stream_index)
             if frames is not None:
                 yield from frames
                 return
-    yield from _counted_frames(path, start, before_pts)
+    yield from _counted_frames(path, start, before_pts, stream_index)
 
 
-def _seek_frames(path: Path, before_pts: int, back_s: float):
+class Picture:
+    """A decoded frame, made an upright RGB image on demand."""
+
+    def __init__(self, frame: "av.VideoFrame"):
+        self.frame = frame
+
+    def __call__(self) -> Image.Image:
+        image = self.frame.to_image()
+        rotation = self.frame.rotation % 360
+        return image.transpose(UPRIGHT[rotation]) if rotation in UPRIGHT else image
+
+
+def _seek_frames(path: Path, before_pts: int, back_s: float, stream_index: int | None):
     """A generator positioned just after the frame with pts `before_pts`, or None when a
     seek `back_s` seconds before it does not provably land at or before that frame."""
-    container, stream = open_video(path)
+    container, stream = open_video(path, stream_index)
     found = False
     try:
         try:
@@ -121,13 +187,13 @@ def _seek_frames(path: Path, before_pts: int, back_s: float):
 def _rest(container, stream, frames):
     try:
         for frame in frames:
-            yield frame.pts, _seconds(frame, stream), frame
+            yield frame.pts, _seconds(frame, stream), Picture(frame)
     finally:
         container.close()
 
 
-def _counted_frames(path: Path, start: int, before_pts: int | None):
-    container, stream = open_video(path)
+def _counted_frames(path: Path, start: int, before_pts: int | None, stream_index: int | None):
+    container, stream = open_video(path, stream_index)
     try:
         for i, frame in enumerate(_decode(container, stream)):
             if i == start - 1 and before_pts is not None and before_pts >= 0 \
@@ -135,7 +201,7 @@ def _counted_frames(path: Path, start: int, before_pts: int | None):
                 raise BadInput(f"frame {i} of {path} no longer has the timestamp it was stored "
                                 f"with ({frame.pts}, not {before_pts}): the file changed")
             if i >= start:
-                yield frame.pts, _seconds(frame, stream), frame
+                yield frame.pts, _seconds(frame, stream), Picture(frame)
     finally:
         container.close()
 

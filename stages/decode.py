@@ -16,7 +16,7 @@ from segpipe.chunks import ChunkPlan
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.lock import holds_store_lock
 from segpipe.store import RunStore, file_identity, same_file
-from segpipe.video import DecodeError, is_damage, iter_frames, probe
+from segpipe.video import DecodeError, is_damage, iter_frames, probe, video_streams
 from segpipe import log
 
 STAGE = "decode"
@@ -25,7 +25,8 @@ DEFAULT_IMAGE_SIZE = 1024
 
 
 def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
-                         image_size: int | None, force: bool = False) -> RunStore:
+                         image_size: int | None, force: bool = False,
+                         stream: int | None = None, fps: float | None = None) -> RunStore:
     """Check the video and the settings against the store before anything is written.
     With `force`, a store made from another video or with other settings is started over
     (everything in it is recomputed) instead of refused."""
@@ -35,17 +36,22 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
             raise BadInput(f"{name} must be a positive integer, got {value}")
     if image_size is not None and image_size % 32:
         raise BadInput(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
-    info = probe(video)
+    if Path(video).is_dir() and stream is not None:
+        raise BadInput("--stream is for video files; a frame folder has one sequence")
+    if Path(video).is_file() and fps is not None:
+        raise BadInput("--fps is for frame folders; a video file has its own timing")
+    info = probe(video, stream, fps)
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
         try:
-            check_store(store, video, chunk_size, image_size)
+            check_store(store, video, chunk_size, image_size, stream, fps)
             return store
         except StoreMismatch as mismatch:
             if not force:
                 raise
             log.info(f"decode: starting over ({mismatch.message})")
             shutil.rmtree(store_path)
+    say_which_stream(video, info)
     return RunStore.create(store_path, {
         "source": {"path": str(video.resolve()), **file_identity(video)},
         "video": info.as_attrs(),
@@ -54,7 +60,19 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     })
 
 
-def check_store(store: RunStore, video: Path, chunk_size, image_size) -> None:
+def say_which_stream(video: Path, info) -> None:
+    """With several video streams, name the one used and how to choose another."""
+    if info.kind == "video":
+        streams = video_streams(video)
+        if len(streams) > 1:
+            log.info(f"decode: {video} has {len(streams)} video streams ({'; '.join(streams)}); "
+                     f"using #{info.stream} (the default; --stream N chooses another)")
+    if info.rotation:
+        log.info(f"decode: frames are rotated {info.rotation} degrees counter-clockwise to "
+                 f"stand upright, as players show them ({info.width}x{info.height})")
+
+
+def check_store(store: RunStore, video: Path, chunk_size, image_size, stream=None, fps=None) -> None:
     source = store.attrs["source"]
     if not same_file(source, video):
         raise StoreMismatch(f"store {store.path} was made from another video ({source['path']}, "
@@ -63,12 +81,17 @@ def check_store(store: RunStore, video: Path, chunk_size, image_size) -> None:
         store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
     if image_size is not None:
         store.require("image_size", store.attrs["image_size"], image_size)
+    if stream is not None:
+        store.require("--stream", store.attrs["video"].get("stream"), stream)
+    if fps is not None:
+        store.require("--fps", store.attrs["video"]["fps"], float(fps))
 
 
 @holds_store_lock
 def decode(video: Path, store_path: Path, chunk_size: int | None = None,
-           image_size: int | None = None, quiet: bool = False, force: bool = False) -> RunStore:
-    store = open_or_create_store(video, store_path, chunk_size, image_size, force)
+           image_size: int | None = None, quiet: bool = False, force: bool = False,
+           stream: int | None = None, fps: float | None = None) -> RunStore:
+    store = open_or_create_store(video, store_path, chunk_size, image_size, force, stream, fps)
     if "frame_count" in store.attrs:
         plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
         redo = store.ledger(STAGE).todo(plan)
@@ -86,6 +109,8 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     before_pts = stored_pts_before(store, start)
 
     claimed = store.attrs["video"]["claimed_frames"]
+    stream_index = store.attrs["video"].get("stream")
+    folder_fps = store.attrs["video"]["fps"] if store.attrs["video"].get("kind") == "frames" else None
     broke_off = None
 
     def write(k: int, chunk: np.ndarray, chunk_pts: list, chunk_times: list) -> None:
@@ -116,10 +141,10 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             k, batch, batch_pts, batch_times = k + 1, [], [], []
 
         try:
-            for pts, seconds, frame in iter_frames(video, start, before_pts):
-                batch.append(resizer.submit(model_input, frame, S))
+            for pts, seconds, picture in iter_frames(video, start, before_pts, stream_index):
+                batch.append(resizer.submit(model_input, picture, S))
                 batch_pts.append(-1 if pts is None else pts)
-                batch_times.append(seconds)
+                batch_times.append(seconds if folder_fps is None else pts / folder_fps)
                 bar.update(1)
                 if len(batch) == C:
                     flush()
@@ -141,9 +166,10 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     return store
 
 
-def model_input(frame, size: int) -> np.ndarray:
-    """RGB, resized to the model's square input with PIL's default filter, as SAM 2 does."""
-    return np.asarray(frame.to_image().resize((size, size)))
+def model_input(picture, size: int) -> np.ndarray:
+    """RGB, upright, resized to the model's square input with PIL's default filter, as SAM
+    2's frame loader does."""
+    return np.asarray(picture().resize((size, size)))
 
 
 def resume_from(store: RunStore, C: int) -> int:
@@ -168,10 +194,12 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
     for k in chunks:
         lo, hi = plan.bounds(k)
         frames, pts, times = [], [], []
-        for p, seconds, frame in iter_frames(video, lo, stored_pts_before(store, lo)):
-            frames.append(model_input(frame, S))
+        video_attrs = store.attrs["video"]
+        for p, seconds, picture in iter_frames(video, lo, stored_pts_before(store, lo),
+                                               video_attrs.get("stream")):
+            frames.append(model_input(picture, S))
             pts.append(-1 if p is None else p)
-            times.append(seconds)
+            times.append(seconds if video_attrs.get("kind") != "frames" else p / video_attrs["fps"])
             if len(frames) == hi - lo:
                 break
         if len(frames) != hi - lo:
@@ -186,6 +214,6 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
 def _truncation_note(total: int, claimed: int, broke_off: str | None) -> str | None:
     if broke_off:
         return f"video is damaged or truncated: decoding stopped after {total} frames ({broke_off})"
-    if claimed and total < claimed:
-        return f"video looks truncated: decoded {total} of the {claimed} frames the container claims"
+    if claimed and total < claimed - 1:  # a player's count, from a duration: +-1 frame
+        return f"video looks truncated: decoded {total} of the {claimed} frames a player would show"
     return None

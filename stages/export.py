@@ -120,6 +120,7 @@ class VisJsonWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
+        self.store = job.store
         self.parts = parts_dir(job.out)
 
     def start(self):
@@ -162,8 +163,10 @@ class VisJsonWriter:
         objects = list(enumerate(self.ids))
         with open(tmp, "w") as f:
             f.write('{"info": {"description": "segpipe export"}, "videos": ')
+            times = self.store.read("timestamps", *self.frames)
             f.write(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
-                                 "file_names": [f"{t:05d}.jpg" for t in range(*self.frames)]}]))
+                                 "file_names": [f"{t:05d}.jpg" for t in range(*self.frames)],
+                                 "timestamps": [None if np.isnan(v) else float(v) for v in times]}]))
             f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
             f.write(', "annotations": [')
             for b in range(0, len(objects), self.BATCH):
@@ -212,7 +215,9 @@ class VisJsonWriter:
 
 
 class OverlayWriter:
-    """H.264 MP4 of the source video with translucent colours, outlines and object ids."""
+    """H.264 MP4 of the source video with translucent colours, outlines and object ids, that
+    plays in a browser: yuv420p (an odd size is padded by one black row or column), the
+    source's frame times kept (variable frame rates too), every frame at the first's size."""
 
     ALPHA = 0.5
 
@@ -221,6 +226,9 @@ class OverlayWriter:
         self.store = job.store
         self.parts = parts_dir(job.out)
         self.source_frames, self.next_frame = None, None  # the source, read on across chunks
+        self.size = (job.video["width"], job.video["height"])
+        self.coded = tuple(v + v % 2 for v in self.size)  # yuv420p needs even sizes
+        self.times, self.time_base = frame_times(job.store, job.video)
         palette = davis_palette()
         self.colours = {i: np.array(palette[3 * (i % 255 or 1): 3 * (i % 255 or 1) + 3], np.float32)
                         for i in job.ids}
@@ -233,7 +241,7 @@ class OverlayWriter:
         source is decoded once, whatever its seeking (and however long the video)."""
         if self.next_frame != lo:
             before = int(self.store.read("pts", lo - 1, lo)[0]) if lo > 0 else None
-            self.source_frames = iter_frames(self.source, lo, before)
+            self.source_frames = iter_frames(self.source, lo, before, self.video.get("stream"))
         self.next_frame = lo + n
         for t in range(lo, lo + n):
             frame = next(self.source_frames, None)
@@ -247,9 +255,17 @@ class OverlayWriter:
         tmp = self.parts / f".{k:06d}.tmp.mp4"
         with av.open(str(tmp), "w") as out:
             stream = self._stream(out)
-            for frame_masks, (_, _, frame) in zip(masks, frames):
-                img = self.draw(frame.to_ndarray(format="rgb24"), frame_masks)
-                for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks, frames):
+                image = picture()
+                if image.size != self.size:  # a mid-stream size change: back to the first size
+                    image = image.resize(self.size)
+                img = self.draw(np.asarray(image), frame_masks)
+                if self.coded != self.size:
+                    img = np.pad(img, ((0, self.coded[1] - self.size[1]),
+                                       (0, self.coded[0] - self.size[0]), (0, 0)))
+                frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+                frame.pts, frame.time_base = int(self.times[t] - self.times[lo]), self.time_base
+                for packet in stream.encode(frame):
                     out.mux(packet)
             for packet in stream.encode():
                 out.mux(packet)
@@ -258,10 +274,11 @@ class OverlayWriter:
         return [path]
 
     def _stream(self, out):
-        stream = out.add_stream("libx264", rate=Fraction(self.video["frame_rate"]))
-        stream.width, stream.height = self.video["width"], self.video["height"]
-        even = stream.width % 2 == 0 and stream.height % 2 == 0
-        stream.pix_fmt = "yuv420p" if even else "yuv444p"
+        rate = Fraction(self.video["frame_rate"]) or Fraction(24)  # "0": rate unknown
+        stream = out.add_stream("libx264", rate=rate)
+        stream.width, stream.height = self.coded
+        stream.pix_fmt = "yuv420p"
+        stream.time_base = stream.codec_context.time_base = self.time_base
         # no B-frames: segments then concatenate with monotonic timestamps
         stream.options = {"crf": "18", "preset": "veryfast", "bf": "0", "threads": "1"}
         return stream
@@ -287,28 +304,42 @@ class OverlayWriter:
         return np.asarray(out)
 
     def finish(self, chunks):
-        """Concatenate the chunk segments by remuxing (no re-encode)."""
+        """Concatenate the chunk segments by remuxing (no re-encode); each segment starts at
+        its first frame's source time, so the video keeps the source's timing."""
         tmp = self.out.with_name(f".{self.out.name}.tmp.mp4")
+        plan = ChunkPlan(self.store.attrs["frame_count"], self.store.attrs["chunk_size"])
+        first = plan.bounds(chunks[0])[0]
         with av.open(str(tmp), "w", options={"movflags": "+faststart"}) as out:
-            ostream, offset = None, 0
+            ostream = None
             for k in chunks:
+                lo = plan.bounds(k)[0]
                 with av.open(str(self.parts / f"{k:06d}.mp4")) as seg:
                     istream = seg.streams.video[0]
                     if ostream is None:
                         ostream = out.add_stream_from_template(istream)
-                    last = offset
+                        ostream.time_base = istream.time_base
+                    offset = (self.times[lo] - self.times[first]) * self.time_base
                     for packet in seg.demux(istream):
                         if packet.dts is None:
                             continue
-                        packet.pts += offset
-                        packet.dts += offset
-                        last = max(last, packet.pts + (packet.duration or 0))
+                        shift = int(round(offset / istream.time_base))
+                        packet.pts += shift
+                        packet.dts += shift
                         packet.stream = ostream
                         out.mux(packet)
-                    offset = last
         fsync_path(tmp)
         tmp.replace(self.out)
         fsync_path_dir(self.out.parent)
+
+
+def frame_times(store: RunStore, video: dict) -> tuple[np.ndarray, Fraction]:
+    """Every frame's time as an integer count of a time base: the stored pts in the source's
+    time base, or the frame index at the average rate where the source has no pts."""
+    pts = store.read("pts")
+    if (pts >= 0).all() and (np.diff(pts) > 0).all():
+        return pts - pts[0], Fraction(video["time_base"])
+    rate = Fraction(video["frame_rate"]) or Fraction(24)
+    return np.arange(len(pts), dtype=np.int64), 1 / rate
 
 
 WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
@@ -342,7 +373,7 @@ def _png_bytes(img: Image.Image) -> bytes:
 
 def check_source(store: RunStore, source: Path) -> None:
     """The overlay re-decodes the original file: it must still be the same video."""
-    if not source.is_file():
+    if not source.exists():
         raise BadInput(f"overlay re-decodes the source video, which is gone: {source}")
     if not same_file(store.attrs["source"], source):
         raise BadInput(f"source video {source} changed since it was decoded; overlay refused")

@@ -29,10 +29,12 @@ class Oracle:
     scores: dict[str, np.ndarray]
 
 
-def oracle_tracking(store_path, prompts_path, predictor=None) -> Oracle:
+def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None) -> Oracle:
     """"forward" and "reverse" each from a fresh state with all prompts added up front, and
     "both" (reverse before the earliest prompt, forward from it on). Masks are what
-    `propagate_in_video` yields; scores are read from the predictor's own state after it."""
+    `propagate_in_video` yields; scores are read from the predictor's own state after it.
+    With `video_dir` (a JPEG folder) SAM 2 loads that folder itself, as `init_state` does,
+    instead of the store's frames."""
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs
     frames = group["frames"][...]
@@ -44,11 +46,14 @@ def oracle_tracking(store_path, prompts_path, predictor=None) -> Oracle:
                                 Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
     masks, scores = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for t, frame in enumerate(frames):
-            Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
+        if video_dir is None:
+            for t, frame in enumerate(frames):
+                Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
         for direction in ("forward", "reverse"):
-            state = predictor.init_state(video_path=tmp)
-            state["video_height"], state["video_width"] = H, W  # the original video's size
+            state = predictor.init_state(video_path=str(video_dir or tmp))
+            if video_dir is None:
+                state["video_height"], state["video_width"] = H, W  # the original video's size
+            assert (state["video_height"], state["video_width"]) == (H, W)
             for p in prompts:
                 if p.mask is not None:
                     predictor.add_new_mask(state, p.frame, p.object_id, p.mask)

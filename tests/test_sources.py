@@ -1,0 +1,280 @@
+"""Video as users have it: portrait phone video, frame folders (SAM 2's own input), trimmed
+files, two video streams, variable frame rates, odd sizes, a mid-stream size change."""
+import json
+import shutil
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+import zarr
+from PIL import Image
+
+import make_sample
+from conftest import IMAGE_SIZE, assert_user_error, segpipe
+from oracle import oracle_tracking, same_bits
+
+S = 64
+
+
+def encode(path, frames, rate=24, rotation=None, times=None, codec="libx264", time_base=None):
+    """Write frames with PyAV; `rotation` as a display matrix, `times` as pts."""
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=Fraction(rate))
+        stream.width, stream.height = frames.shape[2], frames.shape[1]
+        stream.pix_fmt = "yuv420p" if stream.width % 2 == stream.height % 2 == 0 else "yuv444p"
+        if codec == "libx264":
+            stream.options = {"crf": "18", "preset": "veryfast"}
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
+        if time_base is not None:
+            stream.time_base = stream.codec_context.time_base = time_base
+        for t, img in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
+            if times is not None:
+                frame.pts, frame.time_base = times[t], time_base
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def coded_frames(path, stream=0):
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=stream)]
+
+
+def stored(store):
+    return zarr.open_group(str(store), mode="r")
+
+
+def resized(images):
+    return np.stack([np.asarray(Image.fromarray(a).resize((S, S))) for a in images])
+
+
+@pytest.fixture(scope="module")
+def clip():
+    frames, _ = make_sample.make_clip(num_frames=12, width=96, height=64)
+    return frames
+
+
+@pytest.mark.parametrize("rotation", [90, 180, 270])
+def test_portrait_video_is_stored_upright(clip, tmp_path, rotation):
+    video = encode(tmp_path / "phone.mp4", clip, rotation=rotation)
+    store = tmp_path / "s.zarr"
+    proc = segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 5,
+                   check=True)
+    upright = [np.rot90(a, k=rotation // 90) for a in coded_frames(video)]
+    group = stored(store)
+    assert np.array_equal(group["frames"][...], resized(upright))
+    video_attrs = group.attrs["video"]
+    H, W = upright[0].shape[:2]
+    assert (video_attrs["width"], video_attrs["height"], video_attrs["rotation"]) == (W, H, rotation)
+    assert "rotated" in proc.stderr and group.attrs["decode_warning"] is None
+
+
+def test_rotation_is_counter_clockwise_as_players_show_it(tmp_path):
+    """A marker in the coded top-left corner, rotation 90 (counter-clockwise): a player
+    shows it in the bottom-left corner."""
+    frames = np.zeros((2, 64, 96, 3), np.uint8)
+    frames[:, :16, :16] = 255
+    video = encode(tmp_path / "m.mp4", frames, rotation=90)
+    store = tmp_path / "s.zarr"
+    segpipe("decode", video, "--store", store, "--image-size", S, check=True)
+    img = stored(store)["frames"][0].mean(-1)
+    assert img[-8:, :8].mean() > 200 and img[:8, :8].mean() < 50 and img[-8:, -8:].mean() < 50
+
+
+def trimmed_copy(src, dst, drop):
+    """A stream-copy cut as editors make it: the GOP's first `drop` frames stay in the file
+    as packets with negative times, and the MP4 edit list hides them."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        istream = inp.streams.video[0]
+        ostream = out.add_stream_from_template(istream)
+        offset = None
+        for packet in inp.demux(istream):
+            if packet.dts is None:
+                continue
+            if offset is None:
+                offset = drop * int(1 / (istream.average_rate * istream.time_base))
+            packet.pts -= offset
+            packet.dts -= offset
+            packet.stream = ostream
+            out.mux(packet)
+    return dst
+
+
+def test_an_edit_list_trim_gives_no_false_truncation_warning(clip, tmp_path):
+    src = encode(tmp_path / "src.mp4", np.concatenate([clip, clip]))
+    cut = trimmed_copy(src, tmp_path / "cut.mp4", drop=5)
+    shown = len(coded_frames(cut))
+    with av.open(str(cut)) as c:
+        assert c.streams.video[0].frames > shown  # the container still counts the cut frames
+    store = tmp_path / "s.zarr"
+    proc = segpipe("decode", cut, "--store", store, "--image-size", S, check=True)
+    assert stored(store).attrs["frame_count"] == shown
+    assert "truncated" not in proc.stderr and stored(store).attrs["decode_warning"] is None
+
+
+def test_mkv_truncation_is_noticed_from_its_duration(tmp_path):
+    frames, _ = make_sample.make_clip(num_frames=120, width=96, height=64)
+    whole = tmp_path / "whole.mkv"
+    make_sample.write_video(whole, frames)
+    store = tmp_path / "whole.zarr"
+    proc = segpipe("decode", whole, "--store", store, "--image-size", S, check=True)
+    assert "truncated" not in proc.stderr and stored(store).attrs["frame_count"] == 120
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(data[: len(data) // 2])  # the duration is in the header, at the front
+    proc = segpipe("decode", cut, "--store", tmp_path / "cut.zarr", "--image-size", S, check=True)
+    assert "truncated" in proc.stderr
+
+
+def test_two_video_streams_say_which_and_choose(clip, tmp_path):
+    video = tmp_path / "two.mkv"
+    small = clip[:, ::2, ::2].copy()
+    with av.open(str(video), "w") as out:
+        streams = []
+        for frames in (clip, small):
+            s = out.add_stream("libx264", rate=24)
+            s.width, s.height, s.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+            streams.append((s, frames))
+        for t in range(len(clip)):
+            for s, frames in streams:
+                for packet in s.encode(av.VideoFrame.from_ndarray(frames[t], format="rgb24")):
+                    out.mux(packet)
+        for s, _ in streams:
+            for packet in s.encode():
+                out.mux(packet)
+    proc = segpipe("decode", video, "--store", tmp_path / "a.zarr", "--image-size", S, check=True)
+    assert "2 video streams" in proc.stderr and "using #0" in proc.stderr
+    assert stored(tmp_path / "a.zarr").attrs["video"]["width"] == 96
+    segpipe("decode", video, "--store", tmp_path / "b.zarr", "--image-size", S, "--stream", 1,
+            check=True)
+    group = stored(tmp_path / "b.zarr")
+    assert (group.attrs["video"]["width"], group.attrs["video"]["stream"]) == (48, 1)
+    assert np.array_equal(group["frames"][...], resized(coded_frames(video, 1)))
+    assert_user_error(segpipe("decode", video, "--store", tmp_path / "c.zarr", "--stream", 5),
+                      "--stream 5")
+
+
+@pytest.fixture(scope="module")
+def overlay_store(tmp_path_factory):
+    """A tracked store of a variable-frame-rate, odd-sized clip (161x121)."""
+    from segpipe.stages.encode import encode as encode_stage
+    from segpipe.stages.track import track
+    root = tmp_path_factory.mktemp("vfr")
+    frames, masks = make_sample.make_clip(num_frames=10, width=161, height=121)
+    times = [0, 40, 120, 160, 300, 340, 380, 500, 540, 700]  # ms
+    video = encode(root / "vfr.mp4", frames, times=times, time_base=Fraction(1, 1000))
+    make_sample.write_prompts(root, masks, frames=(1, 2, 3))
+    store = root / "s.zarr"
+    segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 4, check=True)
+    encode_stage(store, random_seed=0, quiet=True)
+    track(store, root / "prompts.json", quiet=True)
+    return store, video, times
+
+
+def test_vfr_timing_is_kept_in_store_overlay_and_vis_json(overlay_store, tmp_path):
+    store, video, times = overlay_store
+    assert np.allclose(stored(store)["timestamps"][...], np.array(times) / 1000)
+    out = tmp_path / "o.mp4"
+    segpipe("export", "--store", store, "--format", "overlay", "--out", out, check=True)
+    with av.open(str(out)) as c:
+        s = c.streams.video[0]
+        assert (s.codec_context.name, s.format.name, s.width, s.height) == ("h264", "yuv420p", 162, 122)
+        got = [float(f.pts * s.time_base) for f in c.decode(s)]
+    assert np.allclose(got, np.array(times) / 1000, atol=1e-3), got
+    js = tmp_path / "m.json"
+    segpipe("export", "--store", store, "--format", "vis-json", "--out", js, check=True)
+    assert np.allclose(json.loads(js.read_text())["videos"][0]["timestamps"], np.array(times) / 1000)
+
+
+def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
+    """Two MPEG-TS pieces of different sizes, concatenated: one stream whose size changes."""
+    a, _ = make_sample.make_clip(num_frames=6, width=96, height=64)
+    b, _ = make_sample.make_clip(num_frames=6, width=64, height=48, seed=2)
+    one, two = encode(tmp_path / "a.ts", a), encode(tmp_path / "b.ts", b)
+    video = tmp_path / "ab.ts"
+    video.write_bytes(one.read_bytes() + two.read_bytes())
+    sizes = {x.shape for x in coded_frames(video)}
+    assert len(sizes) == 2
+    store = tmp_path / "s.zarr"
+    segpipe("decode", video, "--store", store, "--image-size", S, check=True)
+    assert np.array_equal(stored(store)["frames"][...], resized(coded_frames(video)))
+    assert stored(store).attrs["video"]["width"] == 96
+
+
+# -- frame folders -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory):
+    """A JPEG folder as DAVIS ships one (numbered names, not zero-padded to one width here
+    on purpose: SAM 2 orders by the number) and prompts for it."""
+    root = tmp_path_factory.mktemp("jpegs")
+    frames, masks = make_sample.make_clip(num_frames=14, width=120, height=90, seed=4)
+    folder = root / "video"
+    folder.mkdir()
+    for t, img in enumerate(frames):
+        Image.fromarray(img).save(folder / f"{t * 5}.jpg", quality=90)
+    (folder / "notes.txt").write_text("not a frame")
+    make_sample.write_prompts(root, masks, frames=(4, 6, 8))
+    return folder, root / "prompts.json"
+
+
+@pytest.mark.parametrize("chunk_size", [3, 16])
+def test_a_jpeg_folder_tracks_bit_identically_to_sam2(jpeg_folder, tmp_path, predictor, chunk_size):
+    folder, prompts = jpeg_folder
+    store = tmp_path / "s.zarr"
+    segpipe("run", folder, "--store", store, "--prompts", prompts, "--chunk-size", chunk_size,
+            "--image-size", IMAGE_SIZE, "--random-weights", 0, "--direction", "both",
+            "--export", "none", "--quiet", check=True)
+    expected = oracle_tracking(store, prompts, predictor, video_dir=folder)
+    group = stored(store)
+    assert group.attrs["video"]["kind"] == "frames" and group.attrs["frame_count"] == 14
+    for direction in ("forward", "reverse"):
+        if direction == "reverse" or chunk_size == 3:
+            track_store = shutil.copytree(store, tmp_path / f"{direction}.zarr")
+            segpipe("track", "--store", track_store, "--direction", direction, "--quiet", check=True)
+            got = stored(track_store)
+            assert np.array_equal(got["masks"][...], expected.masks[direction]), direction
+            assert same_bits(got["object_scores"][...], expected.scores[direction]), direction
+    assert np.array_equal(group["masks"][...], expected.masks["both"])
+    assert same_bits(group["object_scores"][...], expected.scores["both"])
+
+
+def test_a_folder_overlay_is_a_video_at_its_fps(jpeg_folder, tmp_path):
+    folder, prompts = jpeg_folder
+    store = tmp_path / "s.zarr"
+    segpipe("run", folder, "--store", store, "--prompts", prompts, "--image-size", S,
+            "--random-weights", 0, "--fps", 10, "--export", "overlay", "--quiet", check=True)
+    out = tmp_path / "s.export" / "overlay.mp4"
+    with av.open(str(out)) as c:
+        s = c.streams.video[0]
+        times = [float(f.pts * s.time_base) for f in c.decode(s)]
+    assert len(times) == 14 and np.allclose(np.diff(times), 0.1, atol=1e-3)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("empty", ["no frames in folder"]),
+    ("non_numeric", ["frame_a.jpg", "not named by its number"]),
+    ("mixed_sizes", ["3.jpg", "must share one size"]),
+    ("unreadable", ["2.jpg", "unreadable image"]),
+])
+def test_bad_frame_folders_are_refused_naming_the_file(tmp_path, case, words):
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    img = np.zeros((20, 30, 3), np.uint8)
+    if case != "empty":
+        for t in range(4):
+            Image.fromarray(img).save(folder / f"{t}.jpg")
+    if case == "non_numeric":
+        Image.fromarray(img).save(folder / "frame_a.jpg")
+    elif case == "mixed_sizes":
+        Image.fromarray(np.zeros((10, 30, 3), np.uint8)).save(folder / "3.jpg")
+    elif case == "unreadable":
+        (folder / "2.jpg").write_bytes(b"not a jpeg at all")
+    store = tmp_path / "s.zarr"
+    assert_user_error(segpipe("decode", folder, "--store", store, "--image-size", S), *words)
+    assert not store.exists()
