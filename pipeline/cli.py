@@ -62,6 +62,7 @@ def writing(store: Path):
     """Every command that writes holds the store's lock and stops cleanly on a signal."""
     with interrupt.finishing_chunks(), store_lock(store):
         yield
+    interrupt.check()  # a signal after the last chunk's commit still ends in 130 / 143
 
 
 @click.group(context_settings=CONTEXT)

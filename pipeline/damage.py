@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import log
 from .chunks import ChunkPlan, pass_chunks, passes, untracked_chunks
-from .errors import DamagedStore, SegpipeError, StoreNotReady
+from .errors import DamagedStore, SegpipeError
 from .lock import holds_store_lock
 from .store import RunStore
 
@@ -92,9 +92,7 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
     from segpipe.stages.track import track, write_untracked
 
     store = RunStore.open(store_path)
-    if "frame_count" not in store.attrs:
-        raise StoreNotReady(f"store {store.path} is still decoding: run `segpipe decode` to finish it")
-    found, redo = scan(store)
+    found, redo = scan(store)  # an unfinished decode too: decode then continues from the damage
     if not found:
         log.info(f"repair: no damage found in {store.path}", quiet)
         return found

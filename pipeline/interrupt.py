@@ -58,8 +58,11 @@ def stop_now(signum: int) -> None:
     """Say how to resume and exit 128 + signum at once. Not through `sys.exit`: during the
     interpreter's shutdown Python restores the default handlers, and a second signal landing
     there would kill the process with the signal (exit -2) instead."""
-    sys.stdout.flush()
-    _say(f"\n{HINT}\n" if _graceful or _requested is not None else "\ninterrupted\n")
+    try:
+        sys.stdout.flush()
+        _say(f"\n{HINT}\n" if _graceful or _requested is not None else "\ninterrupted\n")
+    except BaseException:  # noqa: BLE001 - a closed pipe, a re-entrant write: exit regardless
+        pass
     os._exit(128 + signum)
 
 

@@ -7,8 +7,9 @@ beside the store, not in it, so it can be taken before a new store is created. T
 resolved first, so a symlink or a relative path to the store finds the same lock.
 
 Every stage takes the lock itself (`holds_store_lock`), so work started from Python is
-guarded like work started from the CLI; within one process the lock is re-entrant (`run`
-holds it across the stages it calls).
+guarded like work started from the CLI. The lock is re-entrant for the thread that holds it
+(`run` holds it across the stages it calls); another thread of the same process is refused
+like another process.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from .errors import StoreLocked
 
-_held: dict[Path, list] = {}  # lock path -> [fd, depth], for this process
+_held: dict[Path, list] = {}  # lock path -> [fd, depth, owning thread], for this process
 _guard = threading.Lock()
 
 
@@ -39,9 +40,12 @@ def store_lock(store: Path):
     path = lock_path(store)
     with _guard:
         if path in _held:
+            if _held[path][2] != threading.get_ident():
+                raise StoreLocked(f"store {store} is in use by another thread of this process "
+                                  f"(pid {os.getpid()}); one writer per store")
             _held[path][1] += 1
         else:
-            _held[path] = [_acquire(path, store), 1]
+            _held[path] = [_acquire(path, store), 1, threading.get_ident()]
     try:
         yield
     finally:
@@ -63,8 +67,12 @@ def _acquire(path: Path, store: Path) -> int:
                         f"wait for it to finish (one writer per store)") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(info).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except BaseException:  # a full disk, say: never keep a lock nobody will release
+        os.close(fd)
+        raise
     return fd
 
 

@@ -1,7 +1,6 @@
 """Reading results back: `segpipe.open(store)` gives a read-only `Run`."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -25,14 +24,17 @@ class Run:
     """
 
     def __init__(self, store):
-        self._store = RunStore.open(store)
+        self.path = RunStore.open(store, read_only=True).path
 
     def __repr__(self) -> str:
         return f"segpipe.Run({str(self.path)!r})"
 
     @property
-    def path(self) -> Path:
-        return self._store.path
+    def _store(self) -> RunStore:
+        """The store as it is now: each read opens it afresh, so a `Run` kept across a
+        retrack (or a run still going in another process) never mixes old attributes with
+        new arrays."""
+        return RunStore.open(self.path, read_only=True)
 
     @property
     def frame_count(self) -> int:
@@ -77,11 +79,12 @@ class Run:
     def masks(self, frames: slice | None = None, objects: list[int] | None = None) -> np.ndarray:
         """(frames, objects, H, W) bool masks of `frames` (a slice; default all) and `objects`
         (ids; default all), assembled chunk by chunk."""
-        indices, slots = self._frames(frames), self._slots(objects)
-        W, H = self.size
-        out = np.zeros((len(indices), len(slots), H, W), bool)
+        store = self._store
+        indices, slots = self._frames(frames, store), self._slots(objects, store)
+        video = store.attrs["video"]
+        out = np.zeros((len(indices), len(slots), video["height"], video["width"]), bool)
         done = 0
-        for _, chunk in self.iter_masks(frames, objects):
+        for _, chunk in self._chunks(store, indices, slots):
             out[done:done + len(chunk)] = chunk
             done += len(chunk)
         return out
@@ -89,15 +92,17 @@ class Run:
     def iter_masks(self, frames: slice | None = None, objects: list[int] | None = None
                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(frame indices, masks) one store chunk at a time: for ranges too large to hold."""
-        indices, slots = self._frames(frames), self._slots(objects)
-        plan = ChunkPlan(self.frame_count, self._store.attrs["chunk_size"])
-        if not len(indices):
-            return
+        store = self._store  # one opening for the whole read: its attributes fit its arrays
+        yield from self._chunks(store, self._frames(frames, store), self._slots(objects, store))
+
+    @staticmethod
+    def _chunks(store: RunStore, indices: np.ndarray, slots: list[int]):
+        plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
         chunk_of = indices // plan.chunk_size
         for k in dict.fromkeys(chunk_of.tolist()):
             lo, hi = plan.bounds(k)
             wanted = indices[chunk_of == k]
-            data = self._store.read("masks", lo, hi)
+            data = store.read("masks", lo, hi)
             yield wanted, data[wanted - lo][:, slots]
 
     def mask(self, frame: int, object: int) -> np.ndarray:  # noqa: A002 - the API's word
@@ -114,20 +119,22 @@ class Run:
         return describe(self.path)
 
     # -- helpers ---------------------------------------------------------------------------
-    def _tracking(self) -> dict:
+    def _tracking(self, store: RunStore | None = None) -> dict:
         from .stages.export import require_tracked
-        return require_tracked(self._store)
+        return require_tracked(store or self._store)
 
-    def _frames(self, frames) -> np.ndarray:
-        T = self.frame_count
+    def _frames(self, frames, store: RunStore) -> np.ndarray:
+        T = store.attrs.get("frame_count")
+        if T is None:
+            raise StoreNotReady(f"store {self.path} is not fully decoded yet (run decode)")
         if frames is None:
             frames = slice(None)
         if not isinstance(frames, slice):
             raise BadInput(f"frames must be a slice (e.g. slice(0, 100)), got {frames!r}")
         return np.arange(T)[frames]
 
-    def _slots(self, objects) -> list[int]:
-        ids = self.object_ids
+    def _slots(self, objects, store: RunStore) -> list[int]:
+        ids = list(self._tracking(store)["object_ids"])
         if objects is None:
             return list(range(len(ids)))
         if isinstance(objects, (int, np.integer)):

@@ -129,14 +129,14 @@ class RunStore:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path) -> "RunStore":
+    def open(cls, path, read_only: bool = False) -> "RunStore":
         path = Path(path)
         if path.is_file():
             raise BadInput(f"store path {path} is a file, not a segpipe store directory")
         if not (path / "zarr.json").is_file():
             raise BadInput(f"no segpipe store at {path} (run `segpipe decode` first)")
         try:
-            group = zarr.open_group(str(path), mode="r+")
+            group = zarr.open_group(str(path), mode="r" if read_only else "r+")
         except Exception as e:  # noqa: BLE001 - any zarr failure is a damaged store to the user
             raise BadInput(f"store {path} cannot be read: {e}") from None
         if group.attrs.get("format") != FORMAT_NAME:

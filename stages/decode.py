@@ -152,7 +152,11 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
                 flush()
         except DecodeError as e:
             broke_off = str(e)
-            if batch and all(f.exception() is None for f in batch):
+            failed = [f.exception() for f in batch if f.exception() is not None]
+            for error in failed:
+                if not is_damage(error):
+                    raise error  # out of memory, say: not the end of the video
+            if batch and not failed:
                 flush()  # the good frames before the damage: the video ends there
         if pending is not None:
             pending.result()
@@ -183,8 +187,13 @@ def resume_from(store: RunStore, C: int) -> int:
 
 
 def stored_pts_before(store: RunStore, start: int) -> int | None:
-    """The stored pts of frame start-1: where `iter_frames` picks the source up again."""
-    return int(store.read("pts", start - 1, start)[0]) if start > 0 else None
+    """The stored pts of frame start-1: where `iter_frames` picks the source up again. None
+    (pick it up by counting frames) where that pts does not name one frame: a stream whose
+    pts repeat or go back."""
+    if start == 0:
+        return None
+    pts = store.read("pts", max(0, start - 2), start)
+    return None if len(pts) == 2 and pts[0] >= pts[1] else int(pts[-1])
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:

@@ -98,7 +98,7 @@ class DavisWriter:
         self.out, self.ids, self.palette = job.out, job.ids, davis_palette()
 
     def start(self):
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_folder(self.out)
 
     def chunk(self, k, lo, masks) -> list[Path]:
         files = []
@@ -124,7 +124,7 @@ class VisJsonWriter:
         self.parts = parts_dir(job.out)
 
     def start(self):
-        self.parts.mkdir(parents=True, exist_ok=True)
+        make_folder(self.parts)
 
     def chunk(self, k, lo, masks) -> list[Path]:
         from pycocotools import mask as mask_util
@@ -234,7 +234,7 @@ class OverlayWriter:
                         for i in job.ids}
 
     def start(self):
-        self.parts.mkdir(parents=True, exist_ok=True)
+        make_folder(self.parts)
 
     def frames(self, lo: int, n: int):
         """Source frames lo..lo+n-1: consecutive chunks read on from one open decoder, so the
@@ -344,6 +344,14 @@ def frame_times(store: RunStore, video: dict) -> tuple[np.ndarray, Fraction]:
 
 WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
 OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4"}
+
+
+def make_folder(folder: Path) -> None:
+    """Create an output folder durably: its name in its parent survives a power loss before
+    any chunk written into it is recorded done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fsync_path_dir(folder)
+    fsync_path_dir(folder.parent)
 
 
 def parts_dir(out: Path) -> Path:

@@ -140,10 +140,11 @@ def store_arrays(store: Path) -> dict:
 
 def chunk_files(store: Path, names) -> set[str]:
     """The chunk files of the arrays `names`, as paths relative to the store
-    (`masks/c/3/0/0/0`): zarr reads a missing chunk as fill, so values alone cannot tell."""
+    (`masks/c/3/0/0/0`): zarr reads a missing chunk as fill, so values alone cannot tell.
+    zarr's temporary `*.partial` files (a kill during a write leaves one) are no chunks."""
     store = Path(store)
     return {str(f.relative_to(store)) for name in names
-            for f in (store / name / "c").rglob("*") if f.is_file()}
+            for f in (store / name / "c").rglob("*") if f.is_file() and f.suffix != ".partial"}
 
 
 def read_checked(store: Path, name: str) -> np.ndarray:

@@ -73,13 +73,17 @@ def test_reading_results_back(api_run):
 
 def test_prompts_as_dicts_and_a_new_track(api_run, tmp_path):
     store = shutil.copytree(api_run.path, tmp_path / "s.zarr")
+    kept = segpipe.open(store)  # kept across the retrack: it must follow the store
+    assert kept.object_ids == [1, 2, 3]
     mask = np.zeros((120, 160), bool)
     mask[40:60, 50:90] = True
     run = segpipe.track(store, [{"object": 5, "frame": 30, "mask": mask},
                                 {"object": 6, "frame": 30, "points": np.array([[20.0, 30.0]]),
                                  "labels": np.array([1])}],
                         direction="forward", progress=False)
-    assert run.object_ids == [5, 6]
+    assert run.object_ids == [5, 6] and kept.object_ids == [5, 6]
+    assert np.array_equal(kept.mask(31, 6), run.mask(31, 6))
+    assert np.array_equal(kept.masks(frames=slice(30, 40)), run.masks(frames=slice(30, 40)))
     assert not run.tracked[:30].any() and run.tracked[30:].all()
     assert not run.masks(frames=slice(0, 30)).any()  # untracked frames read as empty
     out = segpipe.export(store, "davis", tmp_path / "d", frames=slice(28, 33), objects=[6],

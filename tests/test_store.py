@@ -64,9 +64,11 @@ def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(tmp_path,
     store = (tmp_path / "s.zarr").resolve()
     decode(clip_dir / "clip.mp4", store, chunk_size=8, image_size=32, quiet=True)
     monkeypatch.undo()
-    for k in range(5):
+    previous = 0
+    for k in range(5):  # each chunk's own fsyncs: those since the previous ledger entry
         entry = synced.index(str(store / "ledger" / "decode" / "c" / str(k)))
-        before = set(synced[:entry])
+        before = set(synced[previous:entry])
+        previous = entry + 1
         for name in ("frames", "pts", "timestamps"):
             chunk = store.joinpath(name, "c", str(k), *["0"] * (3 if name == "frames" else 0))
             assert str(chunk) in before, chunk
@@ -118,6 +120,28 @@ def test_a_symlink_or_relative_path_finds_the_same_lock(decoded, tmp_path, clip_
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_another_thread_is_refused_like_another_process(decoded):
+    import threading
+    from segpipe.errors import StoreLocked
+    from segpipe.lock import store_lock
+    outcome = []
+
+    def second_writer():
+        try:
+            with store_lock(decoded):
+                outcome.append("entered")
+        except StoreLocked as e:
+            outcome.append(str(e))
+
+    with store_lock(decoded):
+        thread = threading.Thread(target=second_writer)
+        thread.start()
+        thread.join()
+    assert len(outcome) == 1 and "another thread" in outcome[0], outcome
+    with store_lock(decoded):  # released: taken again
+        pass
 
 
 def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
