@@ -84,7 +84,8 @@ def export(store, format: str, out, *, frames: slice | str | None = None,  # noq
            objects: Sequence[int] | str | None = None, force: bool = False,
            progress: bool = True) -> Path:
     """Export the tracked masks: "davis" (a folder of indexed PNGs), "vis-json"
-    (YouTube-VIS RLE JSON) or "overlay" (an MP4). Returns the output path.
+    (YouTube-VIS RLE JSON), "overlay" (an MP4) or "frames" (the overlay as a folder of
+    JPEGs). Returns the output path.
 
     Example:
         >>> segpipe.export("clip.zarr", "davis", "clip_davis/", frames=slice(0, 300), objects=[1])
@@ -106,7 +107,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         batch_size: int = 1, embedding_dtype: str = "float32", direction: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
     """Every stage in order, each resuming where it stopped: decode, encode, then (with
-    `prompts`) track and the `exports` (default: every format; [] for none) into
+    `prompts`) track and the `exports` (default: davis, vis-json, overlay; [] for none) into
     `<store name>.export/` beside the store.
 
     Example:
@@ -115,8 +116,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         >>> run.masks(objects=[1])
     """
     from .lock import store_lock
-    from .stages.export import FORMATS, OUTPUT_NAMES
-    exports = FORMATS if exports is None else list(exports)
+    from .stages.export import FORMATS, OUTPUT_NAMES, RUN_FORMATS
+    exports = RUN_FORMATS if exports is None else list(exports)
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")

@@ -139,10 +139,12 @@ def track(store, prompts, direction, checkpoint, device, force, quiet):
 
 @cli.command(context_settings=CONTEXT)
 @STORE
-@click.option("--format", "fmt", required=True, type=click.Choice(["davis", "vis-json", "overlay"]),
-              help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4.")
+@click.option("--format", "fmt", required=True,
+              type=click.Choice(["davis", "vis-json", "overlay", "frames"]),
+              help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4; "
+                   "frames: the overlay as a folder of JPEGs.")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Output folder (davis) or file (vis-json, overlay).")
+              help="Output folder (davis, frames) or file (vis-json, overlay).")
 @click.option("--frames", default=None, metavar="A:B", help="Only frames A..B-1.  [default: all]")
 @click.option("--objects", default=None, metavar="ID,ID", help="Only these object ids.  [default: all]")
 @FORCE_AGAIN

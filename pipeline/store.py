@@ -457,7 +457,8 @@ STAGE_OUTPUTS = {
     "encode": {"arrays": ["features"], "ledgers": ["encode"], "attrs": ["model"]},
     "track": {"arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
               "ledgers": ["track_forward", "track_reverse"], "attrs": ["track"]},
-    "export": {"arrays": [], "ledgers": ["export_davis", "export_vis-json", "export_overlay"],
+    "export": {"arrays": [], "ledgers": ["export_davis", "export_vis-json", "export_overlay",
+                           "export_frames"],
                "attrs": ["exports"]},
 }
 

@@ -6,6 +6,7 @@ from per-chunk parts at the end, write it atomically, and then drop the parts.
 """
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from segpipe.lock import holds_store_lock
 from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
 from segpipe.video import iter_frames
 
-FORMATS = ("davis", "vis-json", "overlay")
+FORMATS = ("davis", "vis-json", "overlay", "frames")
+RUN_FORMATS = ("davis", "vis-json", "overlay")  # what `run` exports unless told
 
 
 @dataclass(frozen=True)
@@ -342,8 +344,34 @@ def frame_times(store: RunStore, video: dict) -> tuple[np.ndarray, Fraction]:
     return np.arange(len(pts), dtype=np.int64), 1 / rate
 
 
-WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter}
-OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4"}
+class OverlayFramesWriter(OverlayWriter):
+    """The overlay as a folder of JPEGs, one per frame (00000.jpg ...), at the video's size."""
+
+    def start(self):
+        make_folder(self.out)
+
+    def chunk(self, k, lo, masks) -> list[Path]:
+        files = []
+        for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks,
+                                                    self.frames(lo, len(masks))):
+            image = picture()
+            if image.size != self.size:
+                image = image.resize(self.size)
+            buf = io.BytesIO()
+            Image.fromarray(self.draw(np.asarray(image), frame_masks)).save(buf, "JPEG", quality=95)
+            path = self.out / f"{t:05d}.jpg"
+            atomic_write(path, buf.getvalue())
+            files.append(path)
+        return files
+
+    def finish(self, chunks):
+        pass
+
+
+WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWriter,
+           "frames": OverlayFramesWriter}
+OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4",
+                "frames": "overlay_frames"}
 
 
 def make_folder(folder: Path) -> None:
@@ -373,7 +401,6 @@ def _erode(m: np.ndarray) -> np.ndarray:
 
 
 def _png_bytes(img: Image.Image) -> bytes:
-    import io
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
@@ -428,7 +455,7 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
         remove_parts(out)
         log.info(f"export {fmt}: already complete ({out})", quiet)
         return out
-    if fmt == "overlay":
+    if fmt in ("overlay", "frames"):
         check_source(store, source)
     plan = ChunkPlan(T, C)
     chunks = list(range(plan.chunk_of(a), plan.chunk_of(b - 1) + 1))

@@ -254,6 +254,10 @@ def test_a_folder_overlay_is_a_video_at_its_fps(jpeg_folder, tmp_path):
         s = c.streams.video[0]
         times = [float(f.pts * s.time_base) for f in c.decode(s)]
     assert len(times) == 14 and np.allclose(np.diff(times), 0.1, atol=1e-3)
+    jpegs = tmp_path / "jpegs"
+    segpipe("export", "--store", store, "--format", "frames", "--out", jpegs, check=True)
+    assert sorted(p.name for p in jpegs.iterdir()) == [f"{t:05d}.jpg" for t in range(14)]
+    assert Image.open(jpegs / "00003.jpg").size == (120, 90)
 
 
 @pytest.mark.parametrize("case,words", [
