@@ -26,6 +26,7 @@ demo: install
 	@echo "demo results: store $(DEMO)/sample.zarr, exports in $(DEMO)/sample.export/"
 
 test: install
+	@$(PY) -c "import torch, sam2, zarr, av; print(f'tested with torch {torch.__version__}, sam2 1.1.0, zarr {zarr.__version__}, PyAV {av.__version__}')"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install

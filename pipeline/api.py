@@ -47,8 +47,12 @@ def decode(video, store, *, chunk_size: int | None = None, image_size: int | Non
 
 def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_weights: int | None = None, device: str = "auto", batch_size: int = 1,
-           embedding_dtype: str = "float32", force: bool = False, progress: bool = True) -> Run:
+           embedding_dtype: str = "float32", precision: str | None = None, force: bool = False,
+           progress: bool = True) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
+
+    `precision`: "bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs (the
+    default on CUDA), "float32" without (the default elsewhere); tracking uses the same.
 
     Weights: `checkpoint` (an official checkpoint file, or "hf:facebook/sam2.1-hiera-tiny")
     or `random_weights=SEED` (tests and demos only: masks mean nothing).
@@ -59,7 +63,7 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
     from .stages.encode import encode as encode_stage
     encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
                  device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                 quiet=not progress, force=force)
+                 quiet=not progress, force=force, precision=precision)
     return Run(store)
 
 
@@ -104,7 +108,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         image_size: int | None = None, stream: int | None = None, fps: float | None = None,
         model: str = DEFAULT_MODEL,
         checkpoint: str | None = None, random_weights: int | None = None, device: str = "auto",
-        batch_size: int = 1, embedding_dtype: str = "float32", direction: str | None = None,
+        batch_size: int = 1, embedding_dtype: str = "float32", precision: str | None = None,
+        direction: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
     """Every stage in order, each resuming where it stopped: decode, encode, then (with
     `prompts`) track and the `exports` (default: davis, vis-json, overlay; [] for none) into
@@ -126,7 +131,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
                fps=fps, force=force, progress=progress)
         encode(store, model=model, checkpoint=checkpoint, random_weights=random_weights,
                device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-               force=force, progress=progress)
+               precision=precision, force=force, progress=progress)
         if prompts is None:
             return Run(store)
         track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,

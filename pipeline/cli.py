@@ -39,6 +39,9 @@ def encode_options(f):
     from segpipe.model import DEFAULT_MODEL, MODELS
     f = click.option("--embedding-dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
                      default="float32", help="How embeddings are stored (float32 keeps masks exact).")(f)
+    f = click.option("--precision", type=click.Choice(["float32", "bfloat16"]), default=None,
+                     show_default="bfloat16 on CUDA, float32 elsewhere",
+                     help="bfloat16: SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs.")(f)
     f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
     f = click.option("--random-weights", "random_seed", type=int, default=None, metavar="SEED",
                      help="Seeded random weights, for tests and demos: masks mean nothing.")(f)
@@ -102,7 +105,8 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, quiet):
 @DEVICE
 @FORCE
 @QUIET
-def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, device, force, quiet):
+def encode(store, model, checkpoint, random_seed, batch_size, precision, embedding_dtype, device,
+           force, quiet):
     """Compute SAM 2 image embeddings for every decoded frame.
 
     \b
@@ -112,7 +116,7 @@ def encode(store, model, checkpoint, random_seed, batch_size, embedding_dtype, d
     with writing(store):
         api.encode(store, model=model, checkpoint=checkpoint, random_weights=random_seed,
                    device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                   force=force, progress=not quiet)
+                   precision=precision, force=force, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -177,7 +181,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @FORCE
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
-        batch_size, embedding_dtype, direction, exports, device, force, quiet):
+        batch_size, precision, embedding_dtype, direction, exports, device, force, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
     \b
@@ -190,7 +194,8 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
         api.run(video, store, prompts, chunk_size=chunk_size, image_size=image_size,
                 stream=stream, fps=fps, model=model,
                 checkpoint=checkpoint, random_weights=random_seed, device=device,
-                batch_size=batch_size, embedding_dtype=embedding_dtype, direction=direction,
+                batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
+                direction=direction,
                 exports=formats, force=force, progress=not quiet)
 
 

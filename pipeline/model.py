@@ -102,6 +102,36 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
     return predictor.to(device).eval()
 
 
+PRECISIONS = ("float32", "bfloat16")
+
+
+def pick_precision(precision: str | None, device: str) -> str:
+    """How SAM 2 computes: "bfloat16" is SAM 2's documented GPU usage (everything under
+    `torch.autocast(device, dtype=torch.bfloat16)`, as its README and vos_inference run it),
+    the default on CUDA; "float32" (no autocast) the default elsewhere."""
+    if precision is None:
+        return "bfloat16" if device == "cuda" else "float32"
+    if precision not in PRECISIONS:
+        raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def autocast(device_type: str, precision: str):
+    """The autocast context of `precision` on `device_type` (CPU autocast runs the same code
+    path as CUDA's, so the GPU semantics can be tested without a GPU)."""
+    import torch
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+
+def _autocast_on(device_type: str) -> bool:
+    import torch
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 has only the per-device functions
+        return (torch.is_autocast_cpu_enabled() if device_type == "cpu"
+                else torch.is_autocast_enabled())
+
+
 def install_memory_cast(predictor) -> None:
     """Cast a memory made only of bfloat16 mask memories to the features' dtype (see above)."""
     import torch
@@ -109,7 +139,7 @@ def install_memory_cast(predictor) -> None:
         memory, curr = kwargs.get("memory"), kwargs.get("curr")
         if (memory is not None and curr and memory.dtype == torch.bfloat16
                 and curr[0].dtype == torch.float32
-                and not torch.is_autocast_enabled(curr[0].device.type)):
+                and not _autocast_on(curr[0].device.type)):
             kwargs["memory"] = memory.to(torch.float32)
         return args, kwargs
 

@@ -16,7 +16,8 @@ import torch
 from segpipe import log
 from segpipe.chunks import ChunkPlan
 from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
-from segpipe.model import DEFAULT_MODEL, build_model, pick_device, resolve_weights
+from segpipe.model import (DEFAULT_MODEL, autocast, build_model, pick_device, pick_precision,
+                           resolve_weights)
 from segpipe.lock import holds_store_lock
 from segpipe.store import RunStore, reset_from
 
@@ -40,6 +41,16 @@ def preprocess(frames: np.ndarray) -> torch.Tensor:
     return images
 
 
+def storage_dtype(computed: torch.dtype, embedding_dtype: str, precision: str) -> str:
+    """How a level is stored. Under bfloat16 precision SAM 2 keeps one level (the vision
+    features, after the FPN's float32 top-down sum) in float32: `--embedding-dtype bfloat16`
+    keeps that level in float32, so the stored embeddings stay exactly what SAM 2 computed
+    (the bfloat16 levels lose nothing). Under float32 precision it rounds every level."""
+    if embedding_dtype == "bfloat16" and precision == "bfloat16" and computed == torch.float32:
+        return "float32"
+    return embedding_dtype
+
+
 def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
     """Features as stored: bfloat16 as its raw bit pattern in uint16 (zarr has no bfloat16)."""
     if dtype == "bfloat16":
@@ -54,9 +65,11 @@ def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32)
 
 
-def model_spec(store: RunStore, model: str, weights, embedding_dtype: str) -> dict:
+def model_spec(store: RunStore, model: str, weights, embedding_dtype: str,
+               precision: str = "float32") -> dict:
     return {"name": model, "image_size": store.attrs["image_size"],
-            "weights": weights.describe(), "embedding_dtype": embedding_dtype}
+            "weights": weights.describe(), "embedding_dtype": embedding_dtype,
+            "precision": precision}
 
 
 def check_model(store: RunStore, spec: dict) -> None:
@@ -64,8 +77,8 @@ def check_model(store: RunStore, spec: dict) -> None:
     existing = store.attrs.get("model")
     if existing is None:
         return
-    for key in ("name", "image_size", "weights", "embedding_dtype"):
-        store.require(f"model {key}", existing[key], spec[key])
+    for key in ("name", "image_size", "weights", "embedding_dtype", "precision"):
+        store.require(f"model {key}", existing.get(key, "float32"), spec[key])
 
 
 def require_decoded(store: RunStore) -> int:
@@ -78,7 +91,7 @@ def require_decoded(store: RunStore) -> int:
 def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
-           force: bool = False) -> RunStore:
+           force: bool = False, precision: str | None = None) -> RunStore:
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -86,7 +99,9 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     if embedding_dtype not in DTYPES:
         raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
     weights = resolve_weights(model, checkpoint, random_seed)
-    spec = model_spec(store, model, weights, embedding_dtype)
+    device = pick_device(device)
+    precision = pick_precision(precision, device)
+    spec = model_spec(store, model, weights, embedding_dtype, precision)
     try:
         check_model(store, spec)
     except StoreMismatch as mismatch:
@@ -103,20 +118,20 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     if not todo:
         log.info("encode: already complete", quiet)
         return store
-    device = pick_device(device)
     if predictor is None:
         predictor = build_model(model, store.attrs["image_size"], weights, device)
     def read(k):
         return k, store.read("frames", *plan.bounds(k))
 
-    def write(k, levels, layouts):
+    def write(k, levels, kinds):
         lo, hi = plan.bounds(k)
-        for name, feats, layout in zip(LEVELS, levels, layouts):
+        for name, feats, (layout, computed, stored) in zip(LEVELS, levels, kinds):
             arr = store.array(name)
             if arr is None:  # shapes are known once the model has produced them
                 arr = store.create_array(name, (T, *feats.shape[1:]), (plan.chunk_size, *feats.shape[1:]),
                                          feats.dtype, compress=False,
-                                         attributes={"embedding_dtype": embedding_dtype,
+                                         attributes={"embedding_dtype": stored,
+                                                     "torch_dtype": computed,
                                                      "memory_format": layout})
             arr[lo:hi] = feats
         store.commit(STAGE, k, list(LEVELS))
@@ -131,10 +146,11 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
             k, chunk_frames = next_read.result()
             if i + 1 < len(todo):
                 next_read = reader.submit(read, todo[i + 1])
-            levels, layouts = encode_frames(predictor, chunk_frames, batch_size, embedding_dtype)
+            levels, kinds = encode_frames(predictor, chunk_frames, batch_size, embedding_dtype,
+                                          precision)
             if pending_write is not None:
                 pending_write.result()
-            pending_write = writer.submit(write, k, levels, layouts)
+            pending_write = writer.submit(write, k, levels, kinds)
             bar.update(len(chunk_frames))
         pending_write.result()
     log.info(f"encode: {T} frames embedded in {store.path}", quiet)
@@ -154,21 +170,22 @@ def restore_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def encode_frames(predictor, frames: np.ndarray, batch_size: int, dtype: str
-                  ) -> tuple[list[np.ndarray], list[str]]:
-    """Backbone levels of `frames` as stored arrays, batch by batch, and their layouts."""
+def encode_frames(predictor, frames: np.ndarray, batch_size: int, dtype: str,
+                  precision: str = "float32") -> tuple[list[np.ndarray], list[tuple[str, str, str]]]:
+    """Backbone levels of `frames` as stored arrays, batch by batch, and per level its
+    (layout, dtype SAM 2 computed it in, stored dtype)."""
     device = predictor.device
     outs: list[list[np.ndarray]] = [[], [], []]
-    layouts: list[str] = []
+    kinds: list[tuple[str, str, str]] = []
     for lo in range(0, len(frames), batch_size):
         images = preprocess(frames[lo:lo + batch_size])
         if device.type == "cuda":
             images = images.pin_memory().to(device, non_blocking=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                backbone = predictor.forward_image(images)
-        else:
+        with autocast(device.type, precision):
             backbone = predictor.forward_image(images.to(device))
-        layouts = [memory_format(feats) for feats in backbone["backbone_fpn"]]
+        kinds = []
         for level, feats in enumerate(backbone["backbone_fpn"]):
-            outs[level].append(to_storage(feats.float().cpu() if device.type != "cpu" else feats, dtype))
-    return [np.concatenate(level) for level in outs], layouts
+            stored = storage_dtype(feats.dtype, dtype, precision)
+            kinds.append((memory_format(feats), str(feats.dtype).removeprefix("torch."), stored))
+            outs[level].append(to_storage(feats.cpu(), stored))
+    return [np.concatenate(level) for level in outs], kinds

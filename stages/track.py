@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import warnings
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from segpipe import prompts as prompt_file
 from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.model import build_model, pick_device, resolve_weights
+from segpipe.model import autocast, build_model, pick_device, resolve_weights
 from segpipe.lock import holds_store_lock
 from segpipe.store import RunStore, reset_from
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
@@ -35,20 +36,37 @@ TRACK_ARRAYS = ("masks", "object_scores", "tracked")  # written per chunk, with 
 
 class StoredFeatures(dict):
     """Stands in for the predictor's `cached_features`: every lookup is a hit, served from the
-    chunk of stored embeddings currently loaded, so the image encoder is never called."""
+    chunk of stored embeddings currently loaded, so the image encoder is never called. Each
+    level comes back in the dtype and memory layout SAM 2 computed it in; the next chunk is
+    read from the store while the current one is tracked."""
 
-    def __init__(self, store: RunStore, dtype: str, device, pos_enc: list[torch.Tensor]):
+    def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor]):
         super().__init__()
-        self.store, self.dtype, self.device, self.pos_enc = store, dtype, device, pos_enc
+        self.store, self.device, self.pos_enc = store, device, pos_enc
         self.lo, self.levels = 0, []
-        self.layouts = [store.array(n).attrs.get("memory_format", "contiguous") for n in LEVELS]
+        self.kinds = [level_kind(store, n) for n in LEVELS]
         self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
+        self.reader = ThreadPoolExecutor(1)
+        self.ahead = None  # ((lo, hi), future of the host tensors)
+
+    def _read(self, lo: int, hi: int) -> list[torch.Tensor]:
+        host = []
+        for name, (stored, computed, _) in zip(LEVELS, self.kinds):
+            feats = from_storage(self.store.read(name, lo, hi), stored).to(computed)
+            host.append(feats.pin_memory() if self.device.type == "cuda" else feats)
+        return host
+
+    def read_ahead(self, lo: int, hi: int) -> None:
+        self.ahead = ((lo, hi), self.reader.submit(self._read, lo, hi))
 
     def load(self, lo: int, hi: int) -> None:
-        self.lo = lo
-        self.levels = []
-        for name, layout in zip(LEVELS, self.layouts):
-            feats = from_storage(self.store.read(name, lo, hi), self.dtype).to(self.device)
+        if self.ahead is not None and self.ahead[0] == (lo, hi):
+            host = self.ahead[1].result()
+        else:
+            host = self._read(lo, hi)
+        self.ahead, self.lo, self.levels = None, lo, []
+        for feats, (_, _, layout) in zip(host, self.kinds):
+            feats = feats.to(self.device, non_blocking=True)
             self.levels.append(restore_layout(feats, layout))
 
     def get(self, frame_idx, default=None):
@@ -61,16 +79,30 @@ class StoredFeatures(dict):
         return self.dummy_image, backbone
 
 
-def positional_encodings(predictor, store: RunStore) -> tuple[list[torch.Tensor], torch.Tensor]:
+def level_kind(store: RunStore, name: str) -> tuple[str, torch.dtype, str]:
+    """(stored dtype, dtype SAM 2 computed the level in, memory layout) of a feature level."""
+    attrs = store.array(name).attrs
+    return (attrs["embedding_dtype"], getattr(torch, attrs.get("torch_dtype", "float32")),
+            attrs.get("memory_format", "contiguous"))
+
+
+def positional_encodings(predictor, store: RunStore, precision: str
+                         ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The image encoder's and the memory encoder's positional encodings, which depend only
-    on feature shapes (computed as `FpnNeck` and `MemoryEncoder` do)."""
+    on feature shapes, computed as `FpnNeck` and `MemoryEncoder` do: cast to the dtype of the
+    features they go with (under bfloat16 autocast, bfloat16 for all but one level)."""
     device = predictor.device
     neck_pe = predictor.image_encoder.neck.position_encoding
-    vision = [neck_pe(torch.zeros(1, *store.array(n).shape[1:], device=device)) for n in LEVELS]
+    vision = []
+    for name in LEVELS:
+        dtype = level_kind(store, name)[1]
+        vision.append(neck_pe(torch.zeros(1, *store.array(name).shape[1:], device=device,
+                                          dtype=dtype)).to(dtype))
     S = predictor.image_size
     mem_dim = predictor.memory_encoder.out_proj.weight.shape[0]
-    dummy = torch.zeros(1, mem_dim, S // 16, S // 16, device=device)
-    return vision, predictor.memory_encoder.position_encoding(dummy)
+    mem_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    dummy = torch.zeros(1, mem_dim, S // 16, S // 16, device=device, dtype=mem_dtype)
+    return vision, predictor.memory_encoder.position_encoding(dummy).to(mem_dtype)
 
 
 def new_state(predictor, num_frames: int, height: int, width: int, features: StoredFeatures,
@@ -132,6 +164,7 @@ class Tracker:
         chunks = self.chunks()
         todo = self.store.ledger(self.stage).todo(chunks)
         previous = dict(zip(chunks[1:], chunks))  # the chunk the pass visits before each
+        self.after = dict(zip(todo, todo[1:]))  # the chunk to read ahead while one is tracked
         total = sum(pass_frame_count_in(self.direction, self.start, *self.plan.bounds(k))
                     for k in todo)
         state = memory = after = None
@@ -179,11 +212,14 @@ class Tracker:
         lo, hi = self.plan.bounds(k)
         frames = pass_frames_in(self.direction, self.start, lo, hi)
         self.features.load(lo, hi)
+        if k in self.after:
+            self.features.read_ahead(*self.plan.bounds(self.after[k]))
         O = len(memory.objects)
-        masks = np.zeros((hi - lo, O, self.height, self.width), bool)
-        scores = np.full((hi - lo, O), np.nan, np.float32)
+        # kept on the device and copied once per chunk: no host synchronisation per frame
+        frame_masks, frame_scores = {}, {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
+            scores = []
             logits = []
             for o, obj in enumerate(memory.objects):
                 out_dict = state["output_dict_per_obj"][o]
@@ -197,16 +233,22 @@ class Tracker:
                         reverse=self.reverse, run_mem_encoder=True)
                     out_dict["non_cond_frame_outputs"][f] = out
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
-                scores[f - lo, o] = out["object_score_logits"].reshape(()).item()
+                scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
             all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
             _, video_res = self.predictor._get_orig_video_res_output(state, all_logits)
-            masks[f - lo] = (video_res[:, 0] > 0.0).cpu().numpy()
+            frame_masks[f] = video_res[:, 0] > 0.0
+            frame_scores[f] = torch.cat(scores).float()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
             self.reach.prune(memory)
             self.sync_state(state, memory)
             bar.update(1)
+        masks = np.zeros((hi - lo, O, self.height, self.width), bool)
+        scores = np.full((hi - lo, O), np.nan, np.float32)
+        if frames:
+            masks[[f - lo for f in frames]] = torch.stack([frame_masks[f] for f in frames]).cpu().numpy()
+            scores[[f - lo for f in frames]] = torch.stack([frame_scores[f] for f in frames]).cpu().numpy()
         self.write(k, lo, masks, scores, mine, memory)
 
     def write(self, k, lo, masks, scores, mine, memory) -> None:
@@ -297,7 +339,8 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
     if seed is None and checkpoint is None:
         raise BadInput("the embeddings were made from a checkpoint: pass the same --checkpoint")
     weights = resolve_weights(spec["name"], checkpoint, seed)
-    check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"]))
+    precision = spec.get("precision", "float32")
+    check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"], precision))
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     prepare(store, prompts, direction, force, quiet)
@@ -309,13 +352,12 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         return store
     if predictor is None:
         predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
-    vision_pos, maskmem_pos = positional_encodings(predictor, store)
-    features = StoredFeatures(store, spec["embedding_dtype"], predictor.device, vision_pos)
+    vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
+    features = StoredFeatures(store, predictor.device, vision_pos)
     for d in pending:
         tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos)
-        # SAM 2's video predictor runs under bfloat16 autocast on CUDA; plain float32 elsewhere.
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=predictor.device.type == "cuda"), \
-                warnings.catch_warnings():
+        # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
+        with autocast(predictor.device.type, precision), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
             tracker.run(shown_by(direction, d, start), quiet)
     if importlib.util.find_spec("sam2._C") is None:

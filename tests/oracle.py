@@ -16,7 +16,7 @@ import zarr
 from PIL import Image
 
 from segpipe import prompts as prompt_file
-from segpipe.model import Weights, build_model
+from segpipe.model import Weights, autocast, build_model
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -29,12 +29,14 @@ class Oracle:
     scores: dict[str, np.ndarray]
 
 
-def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None) -> Oracle:
+def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
+                    precision: str = "float32", directions=("forward", "reverse")) -> Oracle:
     """"forward" and "reverse" each from a fresh state with all prompts added up front, and
     "both" (reverse before the earliest prompt, forward from it on). Masks are what
     `propagate_in_video` yields; scores are read from the predictor's own state after it.
     With `video_dir` (a JPEG folder) SAM 2 loads that folder itself, as `init_state` does,
-    instead of the store's frames."""
+    instead of the store's frames. `precision="bfloat16"` runs it all under bfloat16
+    autocast, SAM 2's documented GPU usage (here on the CPU)."""
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs
     frames = group["frames"][...]
@@ -45,11 +47,11 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None) ->
         predictor = build_model("sam2.1_hiera_t", attrs["image_size"],
                                 Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
     masks, scores = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, autocast("cpu", precision):
         if video_dir is None:
             for t, frame in enumerate(frames):
                 Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
-        for direction in ("forward", "reverse"):
+        for direction in directions:
             state = predictor.init_state(video_path=str(video_dir or tmp))
             if video_dir is None:
                 state["video_height"], state["video_width"] = H, W  # the original video's size
@@ -81,7 +83,8 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None) ->
             masks[direction], scores[direction] = m, s
     start = min(p.frame for p in prompts)
     for result in (masks, scores):
-        result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
+        if len(result) == 2:
+            result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
     return Oracle(masks, scores)
 
 
