@@ -17,20 +17,27 @@ from PIL import Image
 
 from .errors import BadInput
 
-EXTENSIONS = {".jpg", ".jpeg", ".png"}
+JPEG = {".jpg", ".jpeg", ".JPG", ".JPEG"}  # exactly what SAM 2's loader lists
+PNG = {".png", ".PNG"}
 DEFAULT_FPS = 24.0
 
 
 def frame_files(folder: Path) -> list[Path]:
-    """The folder's frame files in SAM 2's order; files of other kinds are ignored."""
-    files = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS]
+    """The folder's frame files in SAM 2's order: its JPEGs, as SAM 2 lists them (other
+    files, PNG masks among them, ignored), or, in a folder without JPEGs, its PNGs."""
+    entries = [p for p in folder.iterdir() if p.is_file()]
+    files = [p for p in entries if p.suffix in JPEG] or [p for p in entries if p.suffix in PNG]
     for p in files:
-        if not p.stem.isdigit():
+        if not (p.stem.isascii() and p.stem.isdecimal()):
             raise BadInput(f"frame file {p} is not named by its number (SAM 2 orders frames "
                            f"by the number in the name, e.g. 00042.jpg)")
     if not files:
         raise BadInput(f"no frames in folder {folder} (JPEG or PNG files named by number)")
-    return sorted(files, key=lambda p: int(p.stem))
+    files.sort(key=lambda p: int(p.stem))
+    for a, b in zip(files, files[1:]):
+        if int(a.stem) == int(b.stem):
+            raise BadInput(f"frame files {a.name} and {b.name} have the same number")
+    return files
 
 
 def probe(folder: Path, fps: float | None):
@@ -76,20 +83,22 @@ class FramePicture:
 
 
 def identity(folder: Path) -> dict:
-    """How a store recognises its frame folder: total size, newest mtime, and a sha256 of
-    the frames' names and contents."""
-    digest, size, mtime = hashlib.sha256(), 0, 0
+    """How a store recognises its frame folder: the listing (each frame's name, size and
+    mtime, hashed: a renamed or replaced frame changes it) and a sha256 of the frames' names
+    and contents (decides when the listing changed but the frames may not have)."""
+    digest, size = hashlib.sha256(), 0
     for p in frame_files(folder):
-        stat = p.stat()
-        size, mtime = size + stat.st_size, max(mtime, stat.st_mtime_ns)
+        size += p.stat().st_size
         digest.update(p.name.encode() + b"\0")
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-    return {"size": size, "mtime_ns": mtime, "sha256": digest.hexdigest()}
+    return {"size": size, "listing": listing(folder), "sha256": digest.hexdigest()}
 
 
-def size_and_mtime(folder: Path) -> tuple[int, int]:
-    files = frame_files(folder)
-    stats = [p.stat() for p in files]
-    return sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats)
+def listing(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for p in frame_files(folder):
+        stat = p.stat()
+        digest.update(f"{p.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()

@@ -41,11 +41,12 @@ def same_file(recorded: dict, path: Path) -> bool:
     run costs seconds to minutes, so an unchanged size and modification time are trusted;
     anything else is decided by the sha256."""
     if Path(path).is_dir():
-        from .frame_folder import size_and_mtime
-        size, mtime = size_and_mtime(Path(path))
-    else:
-        stat = Path(path).stat()
-        size, mtime = stat.st_size, stat.st_mtime_ns
+        from .frame_folder import identity, listing
+        if listing(Path(path)) == recorded.get("listing"):
+            return True
+        return identity(Path(path))["sha256"] == recorded["sha256"]
+    stat = Path(path).stat()
+    size, mtime = stat.st_size, stat.st_mtime_ns
     if size != recorded["size"]:
         return False
     if mtime == recorded.get("mtime_ns"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import av
 from PIL import Image
@@ -31,17 +31,20 @@ class VideoInfo:
     fps: float
     frame_rate: str  # exact, as a fraction ("30000/1001")
     time_base: str
-    claimed_frames: int  # what a player would show; the truth is what decodes
+    claimed_frames: int  # about what a player shows (for progress); the truth is what decodes
     rotation: int = 0  # degrees counter-clockwise applied to make frames upright
     stream: int | None = None  # the container's stream index (None: a frame folder)
     kind: str = "video"  # "video" or "frames" (a folder)
     coded_size: tuple[int, int] | None = None  # (width, height) before the rotation
+    start_time: float = 0.0  # seconds: the stream's first time
+    duration: float | None = None  # seconds the container records for the video stream
 
     def as_attrs(self) -> dict:
         return {"width": self.width, "height": self.height, "fps": self.fps,
                 "frame_rate": self.frame_rate, "time_base": self.time_base,
                 "claimed_frames": self.claimed_frames, "rotation": self.rotation,
-                "stream": self.stream, "kind": self.kind}
+                "stream": self.stream, "kind": self.kind, "start_time": self.start_time,
+                "duration": self.duration}
 
 
 def open_video(path: Path, stream_index: int | None = None):
@@ -98,24 +101,33 @@ def probe(path: Path, stream_index: int | None = None, fps: float | None = None)
         rate = stream.average_rate or stream.guessed_rate or Fraction(0)
         rotation = first.rotation % 360 if first.rotation % 90 == 0 else 0
         width, height = (first.height, first.width) if rotation in (90, 270) else (first.width, first.height)
-        return VideoInfo(width, height, float(rate), str(rate), str(stream.time_base),
-                         shown_frames(container, stream, rate), rotation, stream.index,
-                         coded_size=(first.width, first.height))
+        start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+        duration = stream_duration(container, stream)
+        claimed = (int(round(duration * float(rate))) if duration and rate else stream.frames or 0)
+        return VideoInfo(width, height, float(rate), str(rate), str(stream.time_base), claimed,
+                         rotation, stream.index, coded_size=(first.width, first.height),
+                         start_time=start, duration=duration)
     finally:
         container.close()
 
 
-def shown_frames(container, stream, rate) -> int:
-    """The frames a player shows: the stream's duration (which an MP4 edit list trims; a
-    stream-copy cut keeps the cut frames' packets, so the packet count overstates it), else
-    the container's duration (MKV and WebM give no count), at the average rate."""
-    if not rate:
-        return stream.frames or 0
+def stream_duration(container, stream) -> float | None:
+    """Seconds the container records for the video stream itself: its duration (an MP4 edit
+    list trims it; a stream-copy cut keeps the cut frames' packets, so the packet count
+    overstates the video), or an MKV / WebM track's DURATION tag (written at the file's
+    end), or the container's duration when the video is its only stream (an audio track
+    may run longer)."""
     if stream.duration:
-        return int(round(float(stream.duration * stream.time_base) * float(rate)))
-    if container.duration:
-        return int(round(container.duration / av.time_base * float(rate)))
-    return stream.frames or 0
+        return float(stream.duration * stream.time_base)
+    tag = stream.metadata.get("DURATION")
+    try:
+        h, m, sec = tag.split(":")
+        return int(h) * 3600 + int(m) * 60 + float(sec)
+    except (AttributeError, ValueError):
+        pass
+    if container.duration and len(container.streams) == 1:
+        return container.duration / av.time_base
+    return None
 
 
 # How far before the resume point a seek is retried when it lands late (MPEG-TS lands a
@@ -124,41 +136,51 @@ SEEK_BACKOFF_S = (0.0, 2.0, 10.0, 60.0)
 
 
 def iter_frames(path: Path, start: int = 0, before_pts: int | None = None,
-                stream_index: int | None = None) -> Iterator[tuple[int | None, float, "Picture"]]:
+                stream_index: int | None = None, rotation: int | None = None,
+                is_before: Callable[["Picture"], bool] | None = None
+                ) -> Iterator[tuple[int | None, float, "Picture"]]:
     """Yield (pts, seconds, picture) from frame index `start` on: the one way segpipe picks a
     source up again (resumed decode, repair, overlay export). A frame folder is indexed.
 
-    `before_pts` is the stored pts of frame start-1. A seek is used only when it is proven
-    to have landed at or before that frame: the decoder must output the frame with exactly
-    that pts before anything is yielded. Seeks that land late are retried further back, and
-    as a last resort (or without pts) the stream is decoded from the start, skipping
-    `start` frames by count and checking frame start-1's pts. Frames already stored are
-    never shifted."""
+    `before_pts` is the stored pts of frame start-1 and `is_before` tells whether a decoded
+    picture is that stored frame. A seek is used only when it is proven to have landed at or
+    before that frame: the decoder must output a frame with exactly that pts which
+    `is_before` recognises (pts can repeat: MPEG-TS pieces joined together) before anything
+    is yielded. Seeks that land late are retried further back, and as a last resort (or
+    without pts) the stream is decoded from the start, skipping `start` frames by count and
+    checking frame start-1's pts. Frames already stored are never shifted.
+
+    `rotation` is the rotation recorded for the source: a frame that reports another one
+    is refused rather than stored sideways."""
     if Path(path).is_dir():
         yield from frame_folder.iter_frames(Path(path), start)
         return
     if start > 0 and before_pts is not None and before_pts >= 0:
         for back in SEEK_BACKOFF_S:
-            frames = _seek_frames(path, before_pts, back, stream_index)
+            frames = _seek_frames(path, before_pts, back, stream_index, rotation, is_before)
             if frames is not None:
                 yield from frames
                 return
-    yield from _counted_frames(path, start, before_pts, stream_index)
+    yield from _counted_frames(path, start, before_pts, stream_index, rotation)
 
 
 class Picture:
     """A decoded frame, made an upright RGB image on demand."""
 
-    def __init__(self, frame: "av.VideoFrame"):
+    def __init__(self, frame: "av.VideoFrame", rotation: int | None = None):
         self.frame = frame
+        self.rotation = frame.rotation % 360
+        if rotation is not None and self.rotation != rotation:
+            raise BadInput(f"a frame of the source reports a rotation of {self.rotation} degrees, "
+                           f"the store recorded {rotation}")
 
     def __call__(self) -> Image.Image:
         image = self.frame.to_image()
-        rotation = self.frame.rotation % 360
-        return image.transpose(UPRIGHT[rotation]) if rotation in UPRIGHT else image
+        return image.transpose(UPRIGHT[self.rotation]) if self.rotation in UPRIGHT else image
 
 
-def _seek_frames(path: Path, before_pts: int, back_s: float, stream_index: int | None):
+def _seek_frames(path: Path, before_pts: int, back_s: float, stream_index: int | None,
+                 rotation: int | None, is_before):
     """A generator positioned just after the frame with pts `before_pts`, or None when a
     seek `back_s` seconds before it does not provably land at or before that frame."""
     container, stream = open_video(path, stream_index)
@@ -174,8 +196,10 @@ def _seek_frames(path: Path, before_pts: int, back_s: float, stream_index: int |
             if frame.pts is None or frame.pts > before_pts:
                 return None  # landed late, or no pts to prove the position with
             if frame.pts == before_pts:
+                if is_before is not None and not is_before(Picture(frame, rotation)):
+                    return None  # the same pts on another frame: count instead
                 found = True
-                return _rest(container, stream, frames)
+                return _rest(container, stream, frames, rotation)
         return None
     except DecodeError:
         return None  # damage near the seek point: decode from the start instead
@@ -184,24 +208,25 @@ def _seek_frames(path: Path, before_pts: int, back_s: float, stream_index: int |
             container.close()
 
 
-def _rest(container, stream, frames):
+def _rest(container, stream, frames, rotation):
     try:
         for frame in frames:
-            yield frame.pts, _seconds(frame, stream), Picture(frame)
+            yield frame.pts, _seconds(frame, stream), Picture(frame, rotation)
     finally:
         container.close()
 
 
-def _counted_frames(path: Path, start: int, before_pts: int | None, stream_index: int | None):
+def _counted_frames(path: Path, start: int, before_pts: int | None, stream_index: int | None,
+                    rotation: int | None):
     container, stream = open_video(path, stream_index)
     try:
         for i, frame in enumerate(_decode(container, stream)):
             if i == start - 1 and before_pts is not None and before_pts >= 0 \
                     and frame.pts != before_pts:
                 raise BadInput(f"frame {i} of {path} no longer has the timestamp it was stored "
-                                f"with ({frame.pts}, not {before_pts}): the file changed")
+                               f"with ({frame.pts}, not {before_pts}): the file changed")
             if i >= start:
-                yield frame.pts, _seconds(frame, stream), Picture(frame)
+                yield frame.pts, _seconds(frame, stream), Picture(frame, rotation)
     finally:
         container.close()
 

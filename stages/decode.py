@@ -51,7 +51,7 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
                 raise
             log.info(f"decode: starting over ({mismatch.message})")
             shutil.rmtree(store_path)
-    say_which_stream(video, info)
+    say_which_stream(video, info, stream is not None)
     return RunStore.create(store_path, {
         "source": {"path": str(video.resolve()), **file_identity(video)},
         "video": info.as_attrs(),
@@ -60,13 +60,15 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     })
 
 
-def say_which_stream(video: Path, info) -> None:
-    """With several video streams, name the one used and how to choose another."""
+def say_which_stream(video: Path, info, chosen: bool) -> None:
+    """With several video streams, name the one used and how to choose another (a warning:
+    it decides what is segmented)."""
     if info.kind == "video":
         streams = video_streams(video)
         if len(streams) > 1:
-            log.info(f"decode: {video} has {len(streams)} video streams ({'; '.join(streams)}); "
-                     f"using #{info.stream} (the default; --stream N chooses another)")
+            how = "as asked" if chosen else "the default; --stream N chooses another"
+            log.warn(f"decode: {video} has {len(streams)} video streams ({'; '.join(streams)}); "
+                     f"using #{info.stream} ({how})")
     if info.rotation:
         log.info(f"decode: frames are rotated {info.rotation} degrees counter-clockwise to "
                  f"stand upright, as players show them ({info.width}x{info.height})")
@@ -106,10 +108,8 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
-    before_pts = stored_pts_before(store, start)
 
     claimed = store.attrs["video"]["claimed_frames"]
-    stream_index = store.attrs["video"].get("stream")
     folder_fps = store.attrs["video"]["fps"] if store.attrs["video"].get("kind") == "frames" else None
     broke_off = None
 
@@ -141,7 +141,7 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             k, batch, batch_pts, batch_times = k + 1, [], [], []
 
         try:
-            for pts, seconds, picture in iter_frames(video, start, before_pts, stream_index):
+            for pts, seconds, picture in source_from(store, video, start):
                 batch.append(resizer.submit(model_input, picture, S))
                 batch_pts.append(-1 if pts is None else pts)
                 batch_times.append(seconds if folder_fps is None else pts / folder_fps)
@@ -163,7 +163,9 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     total = frames.shape[0]
     if total == 0:
         raise BadInput(f"video has no decodable frames: {video}")
-    store.set_attrs(frame_count=total, decode_warning=_truncation_note(total, claimed, broke_off))
+    last_time = float(store.read("timestamps", total - 1, total)[0])
+    store.set_attrs(frame_count=total,
+                    decode_warning=_truncation_note(total, last_time, store.attrs["video"], broke_off))
     if store.attrs["decode_warning"]:
         log.warn(f"decode: {store.attrs['decode_warning']}")
     log.info(f"decode: {total} frames into {store.path}", quiet)
@@ -186,14 +188,21 @@ def resume_from(store: RunStore, C: int) -> int:
     return min(first_undone, frames.shape[0] // C) if frames is not None else 0
 
 
-def stored_pts_before(store: RunStore, start: int) -> int | None:
-    """The stored pts of frame start-1: where `iter_frames` picks the source up again. None
-    (pick it up by counting frames) where that pts does not name one frame: a stream whose
-    pts repeat or go back."""
-    if start == 0:
-        return None
-    pts = store.read("pts", max(0, start - 2), start)
-    return None if len(pts) == 2 and pts[0] >= pts[1] else int(pts[-1])
+def source_from(store: RunStore, video: Path, start: int):
+    """The store's source from frame `start` on, picked up where the stored frames end: by
+    the stored pts of frame start-1, a seek proven by that frame's model input being the
+    stored one (pts can repeat), else by counting (also where the stored pts go back)."""
+    attrs = store.attrs["video"]
+    before = check = None
+    if start > 0:
+        pts = store.read("pts", max(0, start - 2), start)
+        if len(pts) < 2 or pts[0] < pts[1]:
+            before = int(pts[-1])
+            stored = store.read("frames", start - 1, start)[0]
+            S = store.attrs["image_size"]
+
+            check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
+    return iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
@@ -204,8 +213,7 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
         lo, hi = plan.bounds(k)
         frames, pts, times = [], [], []
         video_attrs = store.attrs["video"]
-        for p, seconds, picture in iter_frames(video, lo, stored_pts_before(store, lo),
-                                               video_attrs.get("stream")):
+        for p, seconds, picture in source_from(store, video, lo):
             frames.append(model_input(picture, S))
             pts.append(-1 if p is None else p)
             times.append(seconds if video_attrs.get("kind") != "frames" else p / video_attrs["fps"])
@@ -220,9 +228,16 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
         log.info(f"decode: chunk {k} (frames {lo}..{hi - 1}) decoded again", quiet)
 
 
-def _truncation_note(total: int, claimed: int, broke_off: str | None) -> str | None:
+def _truncation_note(total: int, last_time: float, video: dict, broke_off: str | None) -> str | None:
+    """Judged by time, as a player shows the video: frames are missing when the last decoded
+    frame ends more than a frame and a half before the end the container records for the
+    video stream (variable frame rates and edit lists included)."""
     if broke_off:
         return f"video is damaged or truncated: decoding stopped after {total} frames ({broke_off})"
-    if claimed and total < claimed - 1:  # a player's count, from a duration: +-1 frame
-        return f"video looks truncated: decoded {total} of the {claimed} frames a player would show"
+    duration, fps = video.get("duration"), video.get("fps")
+    if duration and fps and last_time == last_time:  # not NaN
+        end = video.get("start_time", 0.0) + duration
+        if end - (last_time + 1 / fps) > 1.5 / fps:
+            return (f"video looks truncated: decoded {total} frames, up to {last_time:.3f} s of "
+                    f"the {end:.3f} s its container records")
     return None

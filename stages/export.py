@@ -21,8 +21,8 @@ from segpipe import log
 from segpipe.chunks import ChunkPlan, pass_chunks, passes
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.lock import holds_store_lock
+from segpipe.stages.decode import source_from
 from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
-from segpipe.video import iter_frames
 
 FORMATS = ("davis", "vis-json", "overlay", "frames")
 RUN_FORMATS = ("davis", "vis-json", "overlay")  # what `run` exports unless told
@@ -37,6 +37,12 @@ class Job:
     video: dict
     source: Path
     store: RunStore  # overlay seeks the source by the stored pts
+    names: list[str] | None = None  # a frame folder's file stems: outputs are named alike
+
+    def name(self, t: int) -> str:
+        """Frame t's output name: the source file's stem for a frame folder (as SAM 2's
+        vos_inference names its PNGs), else the zero-padded index."""
+        return self.names[t] if self.names is not None else f"{t:05d}"
 
 
 def davis_palette() -> list[int]:
@@ -97,7 +103,7 @@ class DavisWriter:
     def __init__(self, job: Job):
         if any(not 1 <= i <= 255 for i in job.ids):
             raise BadInput(f"davis PNGs hold object ids 1..255; this store has {job.ids}")
-        self.out, self.ids, self.palette = job.out, job.ids, davis_palette()
+        self.out, self.ids, self.palette, self.job = job.out, job.ids, davis_palette(), job
 
     def start(self):
         make_folder(self.out)
@@ -108,7 +114,7 @@ class DavisWriter:
             ids = compose(frame_masks, self.ids)
             img = Image.frombytes("P", (ids.shape[1], ids.shape[0]), ids.tobytes())
             img.putpalette(self.palette)
-            path = self.out / f"{lo + i:05d}.png"
+            path = self.out / f"{self.job.name(lo + i)}.png"
             atomic_write(path, _png_bytes(img))
             files.append(path)
         return files
@@ -122,7 +128,7 @@ class VisJsonWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
-        self.store = job.store
+        self.store, self.job = job.store, job
         self.parts = parts_dir(job.out)
 
     def start(self):
@@ -167,7 +173,7 @@ class VisJsonWriter:
             f.write('{"info": {"description": "segpipe export"}, "videos": ')
             times = self.store.read("timestamps", *self.frames)
             f.write(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
-                                 "file_names": [f"{t:05d}.jpg" for t in range(*self.frames)],
+                                 "file_names": [f"{self.job.name(t)}.jpg" for t in range(*self.frames)],
                                  "timestamps": [None if np.isnan(v) else float(v) for v in times]}]))
             f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
             f.write(', "annotations": [')
@@ -225,7 +231,7 @@ class OverlayWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.source = job.out, job.ids, job.video, job.source
-        self.store = job.store
+        self.store, self.job = job.store, job
         self.parts = parts_dir(job.out)
         self.source_frames, self.next_frame = None, None  # the source, read on across chunks
         self.size = (job.video["width"], job.video["height"])
@@ -242,8 +248,7 @@ class OverlayWriter:
         """Source frames lo..lo+n-1: consecutive chunks read on from one open decoder, so the
         source is decoded once, whatever its seeking (and however long the video)."""
         if self.next_frame != lo:
-            before = int(self.store.read("pts", lo - 1, lo)[0]) if lo > 0 else None
-            self.source_frames = iter_frames(self.source, lo, before, self.video.get("stream"))
+            self.source_frames = source_from(self.store, self.source, lo)
         self.next_frame = lo + n
         for t in range(lo, lo + n):
             frame = next(self.source_frames, None)
@@ -310,11 +315,11 @@ class OverlayWriter:
         its first frame's source time, so the video keeps the source's timing."""
         tmp = self.out.with_name(f".{self.out.name}.tmp.mp4")
         plan = ChunkPlan(self.store.attrs["frame_count"], self.store.attrs["chunk_size"])
-        first = plan.bounds(chunks[0])[0]
+        first = self.job.frames[0]  # where the exported range starts, maybe mid-chunk
         with av.open(str(tmp), "w", options={"movflags": "+faststart"}) as out:
             ostream = None
             for k in chunks:
-                lo = plan.bounds(k)[0]
+                lo = max(plan.bounds(k)[0], first)  # the segment's first frame
                 with av.open(str(self.parts / f"{k:06d}.mp4")) as seg:
                     istream = seg.streams.video[0]
                     if ostream is None:
@@ -359,7 +364,7 @@ class OverlayFramesWriter(OverlayWriter):
                 image = image.resize(self.size)
             buf = io.BytesIO()
             Image.fromarray(self.draw(np.asarray(image), frame_masks)).save(buf, "JPEG", quality=95)
-            path = self.out / f"{t:05d}.jpg"
+            path = self.out / f"{self.job.name(t)}.jpg"
             atomic_write(path, buf.getvalue())
             files.append(path)
         return files
@@ -440,7 +445,11 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     ids = [all_ids[s] for s in slots]
     out = Path(out).resolve()
     source = Path(store.attrs["source"]["path"])
-    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store))
+    names = None
+    if store.attrs["video"].get("kind") == "frames" and source.is_dir():
+        from segpipe.frame_folder import frame_files
+        names = [p.stem for p in frame_files(source)]
+    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store, names))
     stage = f"export_{fmt}"
     settings = {"out": str(out), "frames": [a, b], "objects": ids,
                 "track": track["prompts_sha256"], "direction": track["direction"]}
@@ -476,6 +485,8 @@ def export(store_path, fmt: str, out, frames: str | None = None, objects: str | 
     writer.finish(chunks)
     exports = store.attrs.get("exports", {})
     exports[fmt]["complete"] = True
+    if fmt == "overlay":
+        exports[fmt]["size"] = list(writer.coded)  # an odd size is padded to even
     store.set_attrs(exports=exports)
     remove_parts(out)  # only now: until the record says complete, finish may need them again
     log.info(f"export {fmt}: {out}", quiet)

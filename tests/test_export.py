@@ -74,8 +74,9 @@ def test_vis_json_round_trips_through_pycocotools(tracked, tmp_path):
     doc = json.loads(out.read_text())
     masks, ids = stored(tracked)
     T, O, H, W = masks.shape
-    assert doc["videos"][0] | {"file_names": None} == {"id": 1, "width": W, "height": H, "length": T,
-                                                      "file_names": None}
+    assert doc["videos"][0] | {"file_names": None, "timestamps": None} == {
+        "id": 1, "width": W, "height": H, "length": T, "file_names": None, "timestamps": None}
+    assert np.allclose(doc["videos"][0]["timestamps"], np.arange(T) / 24, atol=1e-3)
     assert [a["object_id"] for a in doc["annotations"]] == ids
     for slot, ann in enumerate(doc["annotations"]):
         assert len(ann["segmentations"]) == T

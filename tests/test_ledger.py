@@ -202,8 +202,10 @@ def reference_finish(writer, chunks) -> bytes:
     W, H = writer.video["width"], writer.video["height"]
     out = []
     out.append('{"info": {"description": "segpipe export"}, "videos": ')
+    times = writer.store.read("timestamps", *writer.frames)
     out.append(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
-                            "file_names": [f"{t:05d}.jpg" for t in range(*writer.frames)]}]))
+                            "file_names": [f"{t:05d}.jpg" for t in range(*writer.frames)],
+                            "timestamps": [float(v) for v in times]}]))
     out.append(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
     out.append(', "annotations": [')
     for n, obj in enumerate(writer.ids):
@@ -229,8 +231,10 @@ def test_vis_json_assembly_is_byte_identical(tmp_path, ids, batch):
     from segpipe.stages.export import Job, VisJsonWriter
     H, W, C, frames = 12, 10, 3, (2, 15)
     rng = np.random.default_rng(len(ids) * 10 + batch)
+    store = RunStore.create(tmp_path / "s.zarr", {})
+    store.create_array("timestamps", (frames[1],), (C,), "float64")[...] = np.arange(frames[1]) / 24
     writer = VisJsonWriter(Job(tmp_path / "masks.json", ids, frames, {"width": W, "height": H},
-                               tmp_path / "clip.mp4", None))
+                               tmp_path / "clip.mp4", store))
     writer.BATCH = batch
     writer.start()
     chunks = []

@@ -186,9 +186,73 @@ def test_vfr_timing_is_kept_in_store_overlay_and_vis_json(overlay_store, tmp_pat
         assert (s.codec_context.name, s.format.name, s.width, s.height) == ("h264", "yuv420p", 162, 122)
         got = [float(f.pts * s.time_base) for f in c.decode(s)]
     assert np.allclose(got, np.array(times) / 1000, atol=1e-3), got
+    assert stored(store).attrs["exports"]["overlay"]["size"] == [162, 122]
+    part = tmp_path / "part.mp4"  # a range starting inside a chunk keeps its timing too
+    segpipe("export", "--store", store, "--format", "overlay", "--out", part, "--frames", "2:9",
+            check=True)
+    with av.open(str(part)) as c:
+        s = c.streams.video[0]
+        got = [float(f.pts * s.time_base) for f in c.decode(s)]
+    assert np.allclose(got, (np.array(times[2:9]) - times[2]) / 1000, atol=1e-3), got
     js = tmp_path / "m.json"
     segpipe("export", "--store", store, "--format", "vis-json", "--out", js, check=True)
     assert np.allclose(json.loads(js.read_text())["videos"][0]["timestamps"], np.array(times) / 1000)
+
+
+def test_vfr_mkv_and_longer_audio_give_no_false_warning(tmp_path):
+    frames, _ = make_sample.make_clip(num_frames=30, width=64, height=48)
+    times = [int(t * t * 4) for t in range(30)]  # ms, ever slower: 0 .. 3.4 s
+    vfr = encode(tmp_path / "vfr.mkv", frames, times=times, time_base=Fraction(1, 1000))
+    proc = segpipe("decode", vfr, "--store", tmp_path / "a.zarr", "--image-size", S, check=True)
+    assert "truncated" not in proc.stderr and stored(tmp_path / "a.zarr").attrs["frame_count"] == 30
+    with_audio = tmp_path / "audio.mkv"
+    with av.open(str(with_audio), "w") as out:
+        v = out.add_stream("libx264", rate=24)
+        v.width, v.height, v.pix_fmt = 64, 48, "yuv420p"
+        a = out.add_stream("pcm_s16le", rate=8000)
+        a.layout = "mono"
+        for img in frames[:24]:  # 1 s of video
+            for packet in v.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in v.encode():
+            out.mux(packet)
+        for i in range(30):  # 3 s of audio
+            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+            chunk.sample_rate, chunk.pts = 8000, i * 800
+            for packet in a.encode(chunk):
+                out.mux(packet)
+        for packet in a.encode():
+            out.mux(packet)
+    proc = segpipe("decode", with_audio, "--store", tmp_path / "b.zarr", "--image-size", S, check=True)
+    assert "truncated" not in proc.stderr and stored(tmp_path / "b.zarr").attrs["frame_count"] == 24
+
+
+def test_repeated_timestamps_resume_and_repair_by_content(tmp_path):
+    """Two MPEG-TS pieces joined: the pts run 7500.. twice. Resuming (and repairing) where a
+    stored pts also names a frame of the other piece must still find the right frame."""
+    a, _ = make_sample.make_clip(num_frames=12, width=64, height=48)
+    b, _ = make_sample.make_clip(num_frames=12, width=64, height=48, seed=5)
+    one, two = encode(tmp_path / "a.ts", a), encode(tmp_path / "b.ts", b)
+    video = tmp_path / "ab.ts"
+    video.write_bytes(one.read_bytes() + two.read_bytes())
+    ref = tmp_path / "ref.zarr"
+    segpipe("decode", video, "--store", ref, "--image-size", S, "--chunk-size", 4, check=True)
+    group = stored(ref)
+    assert group.attrs["frame_count"] == 24 and len(set(group["pts"][...])) == 12
+    for k in (1, 2, 3, 4):  # chunk 4 starts the second piece; 1..3 resume inside the first
+        store = shutil.copytree(ref, tmp_path / f"s{k}.zarr")
+        g = zarr.open_group(str(store), mode="r+")
+        del g.attrs["frame_count"], g.attrs["decode_warning"]
+        for name in ("frames", "pts", "timestamps"):
+            g[name].resize((4 * k, *g[name].shape[1:]))
+        g["ledger/decode"].resize((k,))
+        segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 4, check=True)
+        assert np.array_equal(stored(store)["frames"][...], group["frames"][...]), k
+    store = shutil.copytree(ref, tmp_path / "repair.zarr")
+    for k in (1, 4):
+        (store / "frames" / "c" / str(k) / "0" / "0" / "0").unlink()
+    segpipe("repair", "--store", store, check=True)
+    assert np.array_equal(stored(store)["frames"][...], group["frames"][...])
 
 
 def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
@@ -204,6 +268,13 @@ def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
     segpipe("decode", video, "--store", store, "--image-size", S, check=True)
     assert np.array_equal(stored(store)["frames"][...], resized(coded_frames(video)))
     assert stored(store).attrs["video"]["width"] == 96
+    from segpipe.stages.track import track
+    from segpipe.stages.encode import encode as encode_stage
+    encode_stage(store, random_seed=0, quiet=True)
+    track(store, [{"object": 1, "frame": 1, "box": [10, 10, 40, 30]}], quiet=True)
+    out = tmp_path / "o.mp4"
+    segpipe("export", "--store", store, "--format", "overlay", "--out", out, check=True)
+    assert [f.shape for f in coded_frames(out)] == [(64, 96, 3)] * 12
 
 
 # -- frame folders -------------------------------------------------------------------------
@@ -219,6 +290,7 @@ def jpeg_folder(tmp_path_factory):
     for t, img in enumerate(frames):
         Image.fromarray(img).save(folder / f"{t * 5}.jpg", quality=90)
     (folder / "notes.txt").write_text("not a frame")
+    Image.fromarray(frames[0]).save(folder / "99.png")  # SAM 2 reads JPEGs only: ignored
     make_sample.write_prompts(root, masks, frames=(4, 6, 8))
     return folder, root / "prompts.json"
 
@@ -254,10 +326,37 @@ def test_a_folder_overlay_is_a_video_at_its_fps(jpeg_folder, tmp_path):
         s = c.streams.video[0]
         times = [float(f.pts * s.time_base) for f in c.decode(s)]
     assert len(times) == 14 and np.allclose(np.diff(times), 0.1, atol=1e-3)
+    davis = tmp_path / "davis"  # named like the source frames, as vos_inference names them
+    segpipe("export", "--store", store, "--format", "davis", "--out", davis, check=True)
+    assert sorted(p.name for p in davis.iterdir()) == sorted(f"{t * 5}.png" for t in range(14))
     jpegs = tmp_path / "jpegs"
     segpipe("export", "--store", store, "--format", "frames", "--out", jpegs, check=True)
-    assert sorted(p.name for p in jpegs.iterdir()) == [f"{t:05d}.jpg" for t in range(14)]
-    assert Image.open(jpegs / "00003.jpg").size == (120, 90)
+    assert sorted(p.name for p in jpegs.iterdir()) == sorted(f"{t * 5}.jpg" for t in range(14))
+    assert Image.open(jpegs / "15.jpg").size == (120, 90)
+    renamed = shutil.copytree(folder, tmp_path / "renamed")  # two frames swap names
+    (renamed / "0.jpg").rename(renamed / "tmp.jpg")
+    (renamed / "5.jpg").rename(renamed / "0.jpg")
+    (renamed / "tmp.jpg").rename(renamed / "5.jpg")
+    shutil.rmtree(folder.parent / "moved", ignore_errors=True)
+    folder.rename(folder.parent / "moved")
+    renamed.rename(folder)
+    try:
+        assert_user_error(segpipe("decode", folder, "--store", store), "another video")
+    finally:
+        folder.rename(renamed)
+        (folder.parent / "moved").rename(folder)
+
+
+def test_a_png_only_folder_is_read(tmp_path):
+    frames, _ = make_sample.make_clip(num_frames=5, width=40, height=30)
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for t, img in enumerate(frames):
+        Image.fromarray(img).save(folder / f"{t}.png")
+    store = tmp_path / "s.zarr"
+    segpipe("decode", folder, "--store", store, "--image-size", 32, check=True)
+    assert np.array_equal(stored(store)["frames"][...],
+                          np.stack([np.asarray(Image.fromarray(f).resize((32, 32))) for f in frames]))
 
 
 @pytest.mark.parametrize("case,words", [
