@@ -84,6 +84,22 @@ def clip_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small(tmp_path_factory) -> Path:
+    """A 24-frame clip for whole runs at image size 128 in chunks of 4 (`run_args`), prompted
+    on frames 5, 8 and 11."""
+    root = tmp_path_factory.mktemp("small")
+    frames, masks = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
+    make_sample.write_video(root / "clip.mp4", frames)
+    make_sample.write_prompts(root, masks, frames=(5, 8, 11))
+    return root
+
+
+def run_args(small: Path, store: Path) -> tuple:
+    return ("run", small / "clip.mp4", "--store", store, "--prompts", small / "prompts.json",
+            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0)
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """Seeded random sam2.1_hiera_t weights saved as an official-style checkpoint file."""
     import torch

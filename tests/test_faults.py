@@ -14,26 +14,12 @@ import pytest
 import zarr
 
 import make_sample
-from conftest import (assert_same_store, assert_user_error, ledger_count, popen_segpipe, segpipe,
-                      tree_digest, wait_for)
+from conftest import (assert_same_store, assert_user_error, ledger_count, popen_segpipe, run_args, segpipe, tree_digest, wait_for)
 
 STAGES = ["decode", "encode", "track_forward", "track_reverse", "export_davis",
           "export_vis-json", "export_overlay"]
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    """A 24-frame clip at image size 128 in chunks of 4, prompted on frames 5, 8 and 11."""
-    root = tmp_path_factory.mktemp("faults")
-    frames, masks = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
-    make_sample.write_video(root / "clip.mp4", frames)
-    make_sample.write_prompts(root, masks, frames=(5, 8, 11))
-    return root
-
-
-def run_args(small, store):
-    return ("run", small / "clip.mp4", "--store", store, "--prompts", small / "prompts.json",
-            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0)
 
 
 @pytest.fixture(scope="module")

@@ -6,35 +6,23 @@ import subprocess
 import sys
 import time
 
-import pytest
 
-import make_sample
-from conftest import ROOT, assert_same_store, ledger_count, segpipe, wait_for
+from conftest import ROOT, assert_same_store, ledger_count, run_args, segpipe, wait_for
 
 STAGES = ("decode", "encode", "track_forward", "track_reverse")
 
 
-@pytest.fixture(scope="module")
-def clip(tmp_path_factory):
-    root = tmp_path_factory.mktemp("signals")
-    frames, masks = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
-    make_sample.write_video(root / "clip.mp4", frames)
-    make_sample.write_prompts(root, masks, frames=(5, 8, 11))
-    return root
-
-
-def run_args(clip, store):
-    return ("run", clip / "clip.mp4", "--store", store, "--prompts", clip / "prompts.json",
-            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0, "--export", "none")
+def args(small, store):
+    return run_args(small, store) + ("--export", "none")
 
 
 def progress(store):
     return sum(ledger_count(store, s) for s in STAGES)
 
 
-def test_second_signal_always_exits_with_the_hint(clip, tmp_path):
+def test_second_signal_always_exits_with_the_hint(small, tmp_path):
     reference = tmp_path / "ref.zarr"
-    segpipe(*run_args(clip, reference), "--quiet", check=True)
+    segpipe(*args(small, reference), "--quiet", check=True)
     total = progress(reference)
     store = tmp_path / "s.zarr"
     rng = random.Random(3)
@@ -42,7 +30,7 @@ def test_second_signal_always_exits_with_the_hint(clip, tmp_path):
     for trial in range(6):
         signum = signal.SIGTERM if trial % 3 == 2 else signal.SIGINT
         proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli",
-                                 *map(str, run_args(clip, store))],
+                                 *map(str, args(small, store))],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         floor = progress(store) + 1
         if not wait_for(lambda: progress(store) >= floor, proc, timeout=300):
@@ -57,11 +45,11 @@ def test_second_signal_always_exits_with_the_hint(clip, tmp_path):
         assert "run the same command again to continue" in err, err
         assert "Traceback" not in err and "Exception ignored" not in err, err
     assert len(outcomes) >= 4 and progress(store) < total or len(outcomes) == 6
-    segpipe(*run_args(clip, store), "--quiet", check=True)
+    segpipe(*args(small, store), "--quiet", check=True)
     assert_same_store(reference, store)
 
 
-def test_a_signal_outside_writing_ends_quietly(clip, tmp_path):
+def test_a_signal_outside_writing_ends_quietly(small, tmp_path):
     """`status` has no chunk to finish: one signal ends it, no traceback."""
     proc = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, '.'); sys.argv = ['segpipe', 'status', '--store', 'x'];"
