@@ -99,8 +99,11 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     if embedding_dtype not in DTYPES:
         raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
     weights = resolve_weights(model, checkpoint, random_seed)
-    device = pick_device(device)
-    precision = pick_precision(precision, device)
+    if precision is None:  # the store's, else the default of the device the model runs on
+        stored = (store.attrs.get("model") or {}).get("precision")
+        precision = stored or pick_precision(
+            None, predictor.device.type if predictor is not None else pick_device(device))
+    precision = pick_precision(precision, "cpu")  # validated
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     try:
         check_model(store, spec)
@@ -119,7 +122,7 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         log.info("encode: already complete", quiet)
         return store
     if predictor is None:
-        predictor = build_model(model, store.attrs["image_size"], weights, device)
+        predictor = build_model(model, store.attrs["image_size"], weights, pick_device(device))
     def read(k):
         return k, store.read("frames", *plan.bounds(k))
 

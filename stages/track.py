@@ -215,8 +215,12 @@ class Tracker:
         if k in self.after:
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
         O = len(memory.objects)
-        # kept on the device and copied once per chunk: no host synchronisation per frame
-        frame_masks, frame_scores = {}, {}
+        # Masks go to a (pinned, on CUDA) host buffer as each frame is done, asynchronously;
+        # scores stay on the device: one synchronisation per chunk, none per frame.
+        cuda = self.predictor.device.type == "cuda"
+        host_masks = torch.zeros((hi - lo, O, self.height, self.width), dtype=torch.bool,
+                                 pin_memory=cuda)
+        frame_scores = {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
             scores = []
@@ -237,19 +241,19 @@ class Tracker:
                 logits.append(pred)
             all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
             _, video_res = self.predictor._get_orig_video_res_output(state, all_logits)
-            frame_masks[f] = video_res[:, 0] > 0.0
+            host_masks[f - lo].copy_(video_res[:, 0] > 0.0, non_blocking=cuda)
             frame_scores[f] = torch.cat(scores).float()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
             self.reach.prune(memory)
             self.sync_state(state, memory)
             bar.update(1)
-        masks = np.zeros((hi - lo, O, self.height, self.width), bool)
         scores = np.full((hi - lo, O), np.nan, np.float32)
         if frames:
-            masks[[f - lo for f in frames]] = torch.stack([frame_masks[f] for f in frames]).cpu().numpy()
             scores[[f - lo for f in frames]] = torch.stack([frame_scores[f] for f in frames]).cpu().numpy()
-        self.write(k, lo, masks, scores, mine, memory)
+        if cuda:
+            torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
+        self.write(k, lo, host_masks.numpy(), scores, mine, memory)
 
     def write(self, k, lo, masks, scores, mine, memory) -> None:
         idx = np.nonzero(mine)[0]

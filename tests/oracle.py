@@ -7,6 +7,7 @@ and the same prompts through SAM 2's public API, and propagates over the whole v
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class Oracle:
     (T, O) float32, each object's score logit (NaN where the pass did not track the frame)."""
     masks: dict[str, np.ndarray]
     scores: dict[str, np.ndarray]
+    seconds: float = 0.0  # spent in propagate_in_video (frames are encoded there)
 
 
 def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
@@ -47,7 +49,8 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
         predictor = build_model("sam2.1_hiera_t", attrs["image_size"],
                                 Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
     masks, scores = {}, {}
-    with tempfile.TemporaryDirectory() as tmp, autocast("cpu", precision):
+    seconds = 0.0  # in propagate_in_video, for benchmarks
+    with tempfile.TemporaryDirectory() as tmp, autocast(predictor.device.type, precision):
         if video_dir is None:
             for t, frame in enumerate(frames):
                 Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
@@ -67,12 +70,14 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
                         box=None if p.box is None else np.array(p.box, np.float32))
             m = np.zeros((T, len(ids), H, W), bool)
             tracked = []
+            began = time.perf_counter()
             with torch.inference_mode():
                 for t, obj_ids, video_res in predictor.propagate_in_video(
                         state, reverse=direction == "reverse"):
                     assert list(obj_ids) == ids
-                    m[t] = (video_res[:, 0] > 0.0).numpy()
+                    m[t] = (video_res[:, 0] > 0.0).cpu().numpy()
                     tracked.append(t)
+            seconds += time.perf_counter() - began
             s = np.full((T, len(ids)), np.nan, np.float32)
             for o in range(len(ids)):
                 outputs = state["output_dict_per_obj"][o]
@@ -85,7 +90,7 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
     for result in (masks, scores):
         if len(result) == 2:
             result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
-    return Oracle(masks, scores)
+    return Oracle(masks, scores, seconds)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

@@ -72,6 +72,24 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
         assert oracle.masks[direction].any()
         assert np.array_equal(got["masks"][...], oracle.masks[direction]), direction
         assert same_bits(got["object_scores"][...], oracle.scores[direction]), direction
+    if (chunk_size, embedding_dtype) == (7, "float32"):
+        # repair under bfloat16: re-encode a chunk in the store's precision, and retrack a
+        # chunk from its bfloat16 memory snapshot read back from the store
+        copy = tmp_path / "forward.zarr"
+        features = zarr.open_group(str(copy), mode="r")["features/level0"][...]
+        (copy / "features" / "level0" / "c" / "0" / "0" / "0" / "0").unlink()
+        (copy / "masks" / "c" / "1" / "0" / "0" / "0").unlink()
+        segpipe("repair", "--store", copy, "--quiet", check=True)
+        got = zarr.open_group(str(copy), mode="r")
+        assert np.array_equal(got["features/level0"][...], features)
+        assert np.array_equal(got["masks"][...], oracle.masks["forward"])
+        assert same_bits(got["object_scores"][...], oracle.scores["forward"])
+
+
+def test_default_precision_follows_the_device():
+    from segpipe.model import pick_precision
+    assert pick_precision(None, "cuda") == "bfloat16" and pick_precision(None, "cpu") == "float32"
+    assert pick_precision("bfloat16", "cpu") == "bfloat16"
 
 
 def test_precision_is_a_store_setting(clip, predictor, tmp_path):
