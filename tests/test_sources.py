@@ -74,6 +74,21 @@ def test_portrait_video_is_stored_upright(clip, tmp_path, rotation):
     assert "rotated" in proc.stderr and group.attrs["decode_warning"] is None
 
 
+def test_a_rotated_video_tracks_and_exports_upright(clip, tmp_path):
+    """Prompts, masks and every export live in the displayed (upright) frame."""
+    video = encode(tmp_path / "phone.mp4", clip, rotation=90)  # coded 96x64, shown 64x96
+    store = tmp_path / "s.zarr"
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps({"prompts": [{"object": 1, "frame": 2, "box": [5, 60, 40, 90]}]}))
+    segpipe("run", video, "--store", store, "--prompts", prompts, "--image-size", S,
+            "--chunk-size", 5, "--random-weights", 0, "--export", "davis,overlay", "--quiet",
+            check=True)
+    assert stored(store)["masks"].shape == (12, 1, 96, 64)
+    folder = tmp_path / "s.export"
+    assert Image.open(folder / "davis" / "00000.png").size == (64, 96)
+    assert [f.shape for f in coded_frames(folder / "overlay.mp4")] == [(96, 64, 3)] * 12
+
+
 def test_rotation_is_counter_clockwise_as_players_show_it(tmp_path):
     """A marker in the coded top-left corner, rotation 90 (counter-clockwise): a player
     shows it in the bottom-left corner."""
