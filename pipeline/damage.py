@@ -10,12 +10,11 @@ from . import log
 from .chunks import ChunkPlan, pass_chunks, passes, untracked_chunks
 from .errors import DamagedStore, SegpipeError
 from .lock import holds_store_lock
-from .store import RunStore
+from .store import TRACK_ARRAYS, RunStore
 
 FRAME_ARRAYS = {"frames": "decode", "pts": "decode", "timestamps": "decode",
                 "features/level0": "encode", "features/level1": "encode",
                 "features/level2": "encode"}
-TRACK_ARRAYS = ("masks", "object_scores", "tracked")
 UNTRACKED = "untracked"  # chunks no pass reaches: rewritten as untracked, no ledger of their own
 
 

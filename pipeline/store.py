@@ -454,6 +454,9 @@ class Ledger:
 
 # What each stage owns in the store: resetting a stage resets every later one too.
 # (decode owns the whole store: starting it over means a new store.)
+# The tracking results, one chunk per pipeline chunk (written with the memory snapshots).
+TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+
 STAGE_OUTPUTS = {
     "encode": {"arrays": ["features"], "ledgers": ["encode"], "attrs": ["model"]},
     "track": {"arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],

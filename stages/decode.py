@@ -110,7 +110,6 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
 
     claimed = store.attrs["video"]["claimed_frames"]
-    folder_fps = store.attrs["video"]["fps"] if store.attrs["video"].get("kind") == "frames" else None
     broke_off = None
 
     def write(k: int, chunk: np.ndarray, chunk_pts: list, chunk_times: list) -> None:
@@ -144,7 +143,7 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
             for pts, seconds, picture in source_from(store, video, start):
                 batch.append(resizer.submit(model_input, picture, S))
                 batch_pts.append(-1 if pts is None else pts)
-                batch_times.append(seconds if folder_fps is None else pts / folder_fps)
+                batch_times.append(seconds)
                 bar.update(1)
                 if len(batch) == C:
                     flush()
@@ -202,7 +201,10 @@ def source_from(store: RunStore, video: Path, start: int):
             S = store.attrs["image_size"]
 
             check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
-    return iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
+    frames = iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
+    if attrs.get("kind") == "frames":  # a folder's frame t is at t / fps, the store's setting
+        return ((t, t / attrs["fps"], picture) for t, _, picture in frames)
+    return frames
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
@@ -212,11 +214,10 @@ def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool
     for k in chunks:
         lo, hi = plan.bounds(k)
         frames, pts, times = [], [], []
-        video_attrs = store.attrs["video"]
         for p, seconds, picture in source_from(store, video, lo):
             frames.append(model_input(picture, S))
             pts.append(-1 if p is None else p)
-            times.append(seconds if video_attrs.get("kind") != "frames" else p / video_attrs["fps"])
+            times.append(seconds)
             if len(frames) == hi - lo:
                 break
         if len(frames) != hi - lo:

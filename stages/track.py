@@ -25,13 +25,12 @@ from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_fr
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.model import autocast, build_model, pick_device, resolve_weights
 from segpipe.lock import holds_store_lock
-from segpipe.store import RunStore, reset_from
+from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
 from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 
 DIRECTIONS = ("both", "forward", "reverse")
-TRACK_ARRAYS = ("masks", "object_scores", "tracked")  # written per chunk, with memory/
 
 
 class StoredFeatures(dict):
