@@ -110,8 +110,7 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
     model = store.attrs.get("model")
     if "encode" in redo:
         encode(store.path, model["name"], checkpoint, model["weights"].get("random_seed"),
-               device, embedding_dtype=model["embedding_dtype"], quiet=quiet,
-               precision=model.get("precision", "float32"))
+               device, embedding_dtype=model["embedding_dtype"], quiet=quiet)  # the store's precision
     if any(stage.startswith("track") for stage in redo):
         track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
     n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
