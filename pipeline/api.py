@@ -68,19 +68,30 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
 
 
 def track(store, prompts=None, *, direction: str | None = None, checkpoint: str | None = None,
-          device: str = "auto", force: bool = False, progress: bool = True) -> Run:
+          device: str = "auto", force: bool = False, progress: bool = True,
+          postprocessing: bool | None = None, non_overlap: bool | None = None,
+          score_threshold: float | None = None, object_start: str | None = None) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
     `prompts`: a prompts file path, a list of its entries (dicts), or `segpipe.Prompt`
     objects; None reuses the store's last prompts. `direction`: "both" (default),
-    "forward" or "reverse". New prompts discard the old tracking and retrack.
+    "forward" or "reverse". New prompts or options discard the old tracking and retrack.
+
+    How masks are made (None: the store's, else SAM 2's predictor defaults):
+    `postprocessing` (SAM 2's apply_postprocessing, default on), `non_overlap` (each pixel
+    to the highest-scoring object, default off), `score_threshold` (mask = logit above it,
+    default 0.0), `object_start` ("earliest": every object from the earliest prompt, as SAM
+    2's predictor; "own": each from its own first prompt, empty before, forward only, as
+    vos_inference's --track_object_appearing_later_in_video).
 
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
     """
     from .stages.track import track as track_stage
     track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
-                quiet=not progress, force=force)
+                quiet=not progress, force=force, postprocessing=postprocessing,
+                non_overlap=non_overlap, score_threshold=score_threshold,
+                object_start=object_start)
     return Run(store)
 
 
@@ -109,7 +120,9 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         model: str = DEFAULT_MODEL,
         checkpoint: str | None = None, random_weights: int | None = None, device: str = "auto",
         batch_size: int = 1, embedding_dtype: str = "float32", precision: str | None = None,
-        direction: str | None = None,
+        direction: str | None = None, postprocessing: bool | None = None,
+        non_overlap: bool | None = None, score_threshold: float | None = None,
+        object_start: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
     """Every stage in order, each resuming where it stopped: decode, encode, then (with
     `prompts`) track and the `exports` (default: davis, vis-json, overlay; [] for none) into
@@ -135,7 +148,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         if prompts is None:
             return Run(store)
         track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
-              progress=progress)
+              progress=progress, postprocessing=postprocessing, non_overlap=non_overlap,
+              score_threshold=score_threshold, object_start=object_start)
         for fmt in exports:
             export(store, fmt, export_folder(store) / OUTPUT_NAMES[fmt], progress=progress)
     return Run(store)

@@ -54,6 +54,26 @@ def encode_options(f):
 DIRECTION = click.option("--direction", type=click.Choice(["both", "forward", "reverse"]),
                          default=None, show_default="both, or the store's",
                          help="Tracking passes from the earliest prompted frame.")
+def tracking_options(f):
+    """How masks are made from SAM 2's outputs (SAM 2's predictor defaults unless given)."""
+    f = click.option("--object-start", type=click.Choice(["earliest", "own"]), default=None,
+                     show_default="earliest, or the store's",
+                     help="own: each object tracked forward from its own first prompt, empty "
+                          "before (vos_inference --track_object_appearing_later_in_video); "
+                          "needs --direction forward.")(f)
+    f = click.option("--score-threshold", type=float, default=None,
+                     show_default="0.0, or the store's",
+                     help="A pixel is in an object's mask where its logit is above this.")(f)
+    f = click.option("--non-overlap/--overlap", "non_overlap", default=None,
+                     show_default="overlap, or the store's",
+                     help="Give each pixel to the highest-scoring object only (SAM 2's "
+                          "non_overlap_masks).")(f)
+    f = click.option("--postprocessing/--no-postprocessing", "postprocessing", default=None,
+                     show_default="on, or the store's",
+                     help="SAM 2's apply_postprocessing (vos_inference turns it off).")(f)
+    return f
+
+
 FORCE = click.option("--force", is_flag=True,
                      help="Where the store was made with other settings, start this stage (and "
                           "every later one) over instead of refusing.")
@@ -125,11 +145,13 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
               show_default="the store's last prompts",
               help="Prompts JSON (see README, 'Prompts file').")
 @DIRECTION
+@tracking_options
 @CHECKPOINT
 @DEVICE
 @FORCE_AGAIN
 @QUIET
-def track(store, prompts, direction, checkpoint, device, force, quiet):
+def track(store, prompts, direction, postprocessing, non_overlap, score_threshold, object_start,
+          checkpoint, device, force, quiet):
     """Track the prompted objects through the video from the stored embeddings.
 
     \b
@@ -138,7 +160,9 @@ def track(store, prompts, direction, checkpoint, device, force, quiet):
     """
     with writing(store):
         api.track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
-                  force=force, progress=not quiet)
+                  force=force, progress=not quiet, postprocessing=postprocessing,
+                  non_overlap=non_overlap, score_threshold=score_threshold,
+                  object_start=object_start)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -174,6 +198,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @decode_options
 @encode_options
 @DIRECTION
+@tracking_options
 @click.option("--export", "exports", default="davis,vis-json,overlay",
               help="Export formats after tracking (comma list, or 'none'), into STORE's "
                    "sibling folder <store name>.export/.")
@@ -181,7 +206,8 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @FORCE
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
-        batch_size, precision, embedding_dtype, direction, exports, device, force, quiet):
+        batch_size, precision, embedding_dtype, direction, postprocessing, non_overlap,
+        score_threshold, object_start, exports, device, force, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
     \b
@@ -195,8 +221,73 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
                 stream=stream, fps=fps, model=model,
                 checkpoint=checkpoint, random_weights=random_seed, device=device,
                 batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
-                direction=direction,
+                direction=direction, postprocessing=postprocessing, non_overlap=non_overlap,
+                score_threshold=score_threshold, object_start=object_start,
                 exports=formats, force=force, progress=not quiet)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--base-video-dir", required=True, type=click.Path(path_type=Path),
+              help="One folder of JPEG frames (named by number) per video.")
+@click.option("--input-mask-dir", required=True, type=click.Path(path_type=Path),
+              help="Annotations: <video>/<frame>.png indexed PNGs whose values are object ids "
+                   "(with --per-obj-png-file: <video>/<obj>/<frame>.png).")
+@click.option("--output-mask-dir", required=True, type=click.Path(path_type=Path),
+              help="Where the output PNGs go, laid out as the input masks.")
+@click.option("--work-dir", required=True, type=click.Path(path_type=Path),
+              help="Where the per-video stores go (<video>.zarr): what makes the run resumable.")
+@click.option("--video-list-file", default=None, type=click.Path(path_type=Path),
+              show_default="every subfolder of --base-video-dir", help="Video names, one per line.")
+@click.option("--score-thresh", type=float, default=0.0, help="Mask logit threshold.")
+@click.option("--use-all-masks", is_flag=True,
+              help="Prompt with every annotated frame, not only the first.")
+@click.option("--per-obj-png-file", is_flag=True,
+              help="One PNG per object and frame, in and out (SA-V); masks may then overlap.")
+@click.option("--apply-postprocessing", is_flag=True,
+              help="SAM 2's postprocessing (hole filling and more); off in SAM 2's evaluation.")
+@click.option("--track-object-appearing-later-in-video", is_flag=True,
+              help="Track each object from its own first mask (LVOS, YouTube-VOS).")
+@click.option("--image-size", type=int, default=None, show_default="1024",
+              help="Model input size S (a multiple of 32).")
+@click.option("--chunk-size", type=int, default=None, show_default="32",
+              help="Frames per chunk: the unit of work, storage and resumption.")
+@click.option("--evaluate", "gt_dir", default=None, type=click.Path(path_type=Path),
+              metavar="GT_DIR", help="Then compute DAVIS J&F against these ground-truth PNGs.")
+@encode_options
+@DEVICE
+@QUIET
+def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_list_file,
+            score_thresh, use_all_masks, per_obj_png_file, apply_postprocessing,
+            track_object_appearing_later_in_video, image_size, chunk_size, gt_dir, model,
+            checkpoint, random_seed, batch_size, precision, embedding_dtype, device, quiet):
+    """SAM 2's tools/vos_inference.py over a VOS dataset (DAVIS, YouTube-VOS, MOSE, SA-V
+    layouts): the same output PNGs, chunked, resumable, bounded in memory. Ends with a
+    table of the videos; exits 1 if any failed.
+
+    \b
+    Example:
+      segpipe dataset --base-video-dir DAVIS/JPEGImages/480p \\
+          --input-mask-dir DAVIS/Annotations/480p --output-mask-dir out/ \\
+          --work-dir stores/ --checkpoint sam2.1_hiera_tiny.pt
+    """
+    from .dataset import Options, run_dataset, table
+    options = Options(score_thresh, use_all_masks, per_obj_png_file, apply_postprocessing,
+                      track_object_appearing_later_in_video, model, checkpoint, random_seed,
+                      image_size, chunk_size, device, batch_size, embedding_dtype, precision)
+    with interrupt.finishing_chunks():
+        results = run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+                              video_list_file, options, quiet)
+    interrupt.check()
+    click.echo(table(results))
+    failed = [r for r in results if r.failed]
+    if gt_dir is not None:
+        from .evaluate import evaluate
+        done = [r.video for r in results if not r.failed]
+        report = evaluate(output_mask_dir, gt_dir, videos=done, per_object_png=per_obj_png_file)
+        click.echo(report.table())
+    if failed:
+        raise SegpipeError(f"{len(failed)} of {len(results)} videos failed: "
+                           f"{', '.join(r.video for r in failed)} (see the table)")
 
 
 @cli.command(context_settings=CONTEXT)

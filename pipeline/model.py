@@ -80,17 +80,25 @@ def _hf_checkpoint(repo_id: str) -> Path:
         ) from None
 
 
-def build_model(model: str, image_size: int, weights: Weights, device: str = "cpu"):
-    """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`."""
+def build_model(model: str, image_size: int, weights: Weights, device: str = "cpu",
+                postprocessing: bool = True, non_overlap: bool = False):
+    """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`.
+
+    `postprocessing` is `build_sam2_video_predictor`'s `apply_postprocessing` (on by default,
+    as there; SAM 2's `vos_inference` turns it off); `non_overlap` its
+    `++model.non_overlap_masks` (each pixel to the highest-scoring object only). Neither
+    touches the image encoder: they change tracking, not embeddings."""
     import torch
     from sam2.build_sam import build_sam2_video_predictor
 
     config = MODELS[model][0]
-    overrides = [f"++model.image_size={image_size}"]
+    overrides = [f"++model.image_size={image_size}",
+                 f"++model.non_overlap_masks={'true' if non_overlap else 'false'}"]
     if weights.random_seed is not None:
         torch.manual_seed(weights.random_seed)
     predictor = build_sam2_video_predictor(config, ckpt_path=None, device="cpu",
-                                           hydra_overrides_extra=overrides)
+                                           hydra_overrides_extra=overrides,
+                                           apply_postprocessing=postprocessing)
     if weights.checkpoint is not None:
         try:
             state = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)["model"]
@@ -100,6 +108,12 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
             raise BadInput(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
     install_memory_cast(predictor)
     return predictor.to(device).eval()
+
+
+def tracking_options(predictor) -> dict:
+    """The build options a predictor was made with, as the track settings record them."""
+    return {"postprocessing": predictor.fill_hole_area > 0,
+            "non_overlap": bool(predictor.non_overlap_masks)}
 
 
 PRECISIONS = ("float32", "bfloat16")

@@ -3,10 +3,13 @@
 They come as a file, as the file's entries (a list of dicts) or as `Prompt` objects:
 {"prompts": [{"object": 1, "frame": 3, "points": [[x, y], ...], "labels": [1, 0, ...]},
              {"object": 2, "frame": 9, "box": [x0, y0, x1, y1]},
-             {"object": 3, "frame": 12, "mask": "obj3.png"}]}
+             {"object": 3, "frame": 12, "mask": "obj3.png"},
+             {"frame": 0, "id_mask": "annotations/00000.png"}]}
 Pixel coordinates of the original video; labels 1 positive / 0 negative; a mask is a PNG
 the size of the video (non-zero = object), relative to the prompts file (in Python also a
-numpy array). Applied in order.
+numpy array). An `id_mask` is an indexed PNG whose pixel values are object ids (a DAVIS
+annotation): one mask prompt per non-zero id on it, lowest id first, as SAM 2's
+vos_inference adds them. Applied in order.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from PIL import Image
 
 from .errors import BadInput
 
-ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask"}
+ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask", "id_mask"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,8 +101,9 @@ def load(source, frame_count: int, width: int, height: int) -> list[Prompt]:
         source = [source]
     if not isinstance(source, (list, tuple)) or not source:
         raise BadInput("prompts must be a prompts file path or a non-empty list of prompts")
-    return [_parse(i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(), frame_count,
-                   width, height) for i, e in enumerate(source)]
+    return [p for i, e in enumerate(source)
+            for p in _parse(i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(),
+                            frame_count, width, height)]
 
 
 def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Prompt]:
@@ -114,10 +118,11 @@ def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Pr
     entries = doc["prompts"]
     if not isinstance(entries, list) or not entries:
         raise BadInput(f"prompts file {path} has an empty prompt list")
-    return [_parse(i, e, path.parent, frame_count, width, height) for i, e in enumerate(entries)]
+    return [p for i, e in enumerate(entries)
+            for p in _parse(i, e, path.parent, frame_count, width, height)]
 
 
-def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
+def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     where = f"prompt #{i}"
 
     def fail(message):
@@ -128,6 +133,8 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
     unknown = sorted(set(entry) - ENTRY_KEYS)
     if unknown:
         fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS))})")
+    if "id_mask" in entry:
+        return _parse_id_mask(entry, base, frame_count, width, height, fail)
     obj, frame = entry.get("object"), entry.get("frame")
     obj, frame = _plain_int(obj), _plain_int(frame)
     if not _is_int(obj) or obj < 0:
@@ -168,7 +175,39 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> Prompt:
         box = tuple(float(c) for c in box)
     if "mask" in entry:
         mask = _load_mask(entry["mask"], base, width, height, fail)
-    return Prompt(obj, frame, points, labels, box, mask)
+    return [Prompt(obj, frame, points, labels, box, mask)]
+
+
+def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[Prompt]:
+    if set(entry) != {"frame", "id_mask"}:
+        fail("an \"id_mask\" entry holds only \"frame\" and \"id_mask\" (its ids are the objects)")
+    frame = _plain_int(entry["frame"])
+    if not _is_int(frame) or not 0 <= frame < frame_count:
+        fail(f"frame {frame!r} is out of range: the video has frames 0..{frame_count - 1}")
+    name = entry["id_mask"]
+    if isinstance(name, np.ndarray):
+        ids = name
+    elif isinstance(name, str) and (base / name).is_file():
+        ids = read_id_mask(base / name)
+    else:
+        fail(f"id_mask file not found: {base / name}")
+    if ids.ndim != 2:
+        fail(f"id_mask {name} is not a single-channel (indexed) image")
+    if ids.shape != (height, width):
+        fail(f"id_mask {name} is {ids.shape[1]}x{ids.shape[0]}, the video is {width}x{height}")
+    objects = [int(v) for v in np.unique(ids) if v > 0]
+    if not objects:
+        fail(f"id_mask {name} holds no object (every pixel is 0)")
+    return [Prompt(obj, frame, mask=ids == obj) for obj in objects]
+
+
+def read_id_mask(path: Path) -> np.ndarray:
+    """An annotation PNG's pixel values (object ids), as vos_inference reads them."""
+    try:
+        with Image.open(path) as img:
+            return np.array(img).astype(np.uint8)
+    except Exception as e:  # noqa: BLE001 - PIL raises many kinds
+        raise BadInput(f"annotation {path} is not a readable image ({type(e).__name__})") from None
 
 
 def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:

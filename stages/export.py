@@ -22,6 +22,7 @@ from segpipe.chunks import ChunkPlan, pass_chunks, passes
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.lock import holds_store_lock
 from segpipe.stages.decode import source_from
+from segpipe.track_settings import stored_settings
 from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
 
 FORMATS = ("davis", "vis-json", "overlay", "frames")
@@ -38,6 +39,8 @@ class Job:
     source: Path
     store: RunStore  # overlay seeks the source by the stored pts
     names: list[str] | None = None  # a frame folder's file stems: outputs are named alike
+    palette: list[int] | None = None  # davis: the PNGs' palette (default: DAVIS's)
+    per_object: bool = False  # davis: <obj:03d>/<frame>.png, 0/1 per object (SA-V's layout)
 
     def name(self, t: int) -> str:
         """Frame t's output name: the source file's stem for a frame folder (as SAM 2's
@@ -98,26 +101,38 @@ def parse_objects(spec: str | None, ids: list[int]) -> list[int]:
 
 
 class DavisWriter:
-    """One indexed PNG per frame, 00000.png ..., DAVIS palette, pixel value = object id."""
+    """One indexed PNG per frame, 00000.png ..., pixel value = object id; or, per object,
+    <obj:03d>/00000.png ... holding 0/1 (SA-V's layout). The DAVIS palette unless given.
+    Written as SAM 2's vos_inference writes its PNGs (`Image.fromarray`, `putpalette`)."""
 
     def __init__(self, job: Job):
-        if any(not 1 <= i <= 255 for i in job.ids):
+        if not job.per_object and any(not 1 <= i <= 255 for i in job.ids):
             raise BadInput(f"davis PNGs hold object ids 1..255; this store has {job.ids}")
-        self.out, self.ids, self.palette, self.job = job.out, job.ids, davis_palette(), job
+        self.out, self.ids, self.job = job.out, job.ids, job
+        self.palette = job.palette if job.palette is not None else davis_palette()
 
     def start(self):
         make_folder(self.out)
+        for obj in self.ids if self.job.per_object else ():
+            make_folder(self.out / f"{obj:03d}")
 
     def chunk(self, k, lo, masks) -> list[Path]:
         files = []
         for i, frame_masks in enumerate(masks):
-            ids = compose(frame_masks, self.ids)
-            img = Image.frombytes("P", (ids.shape[1], ids.shape[0]), ids.tobytes())
-            img.putpalette(self.palette)
-            path = self.out / f"{self.job.name(lo + i)}.png"
-            atomic_write(path, _png_bytes(img))
-            files.append(path)
+            name = f"{self.job.name(lo + i)}.png"
+            if self.job.per_object:
+                for slot, obj in enumerate(self.ids):
+                    files.append(self._save(self.out / f"{obj:03d}" / name,
+                                            frame_masks[slot].astype(np.uint8)))
+            else:
+                files.append(self._save(self.out / name, compose(frame_masks, self.ids)))
         return files
+
+    def _save(self, path: Path, values: np.ndarray) -> Path:
+        img = Image.fromarray(values)
+        img.putpalette(self.palette)
+        atomic_write(path, _png_bytes(img))
+        return path
 
     def finish(self, chunks):
         pass
@@ -419,11 +434,16 @@ def check_source(store: RunStore, source: Path) -> None:
         raise BadInput(f"source video {source} changed since it was decoded; overlay refused")
 
 
-def require_tracked(store: RunStore) -> dict:
-    settings = store.attrs.get("track")
-    T = store.attrs.get("frame_count")
+def stored_track(store: RunStore) -> dict:
+    settings = stored_settings(store)
     if settings is None:
         raise StoreNotReady(f"store {store.path} has no tracking results yet (run `segpipe track`)")
+    return settings
+
+
+def require_tracked(store: RunStore) -> dict:
+    settings = stored_track(store)
+    T = store.attrs.get("frame_count")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     for d in passes(settings["direction"]):
         if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, settings["start_frame"])):
@@ -431,63 +451,106 @@ def require_tracked(store: RunStore) -> dict:
     return settings
 
 
+class Export:
+    """One export of a store: its writer, its ledger (`export_<format>`) and its record in
+    the store's attributes, which says with which settings it was made and whether it is
+    complete. Chunks are exported by `chunk` (each committed after its files), the
+    single-file formats assembled by `finish`."""
+
+    def __init__(self, store: RunStore, fmt: str, out, frames: str | None = None,
+                 objects: str | None = None, force: bool = False, palette=None,
+                 per_object: bool = False, tracking: bool = False):
+        """`tracking`: made while the tracking still runs (chunks are exported as the
+        passes commit them), so tracking need not be finished yet."""
+        if fmt not in FORMATS:
+            raise BadInput(f"--format must be one of {', '.join(FORMATS)}")
+        if (palette is not None or per_object) and fmt != "davis":
+            raise BadInput("a palette and per-object PNGs are options of the davis format")
+        track = stored_track(store) if tracking else require_tracked(store)
+        self.store, self.fmt = store, fmt
+        T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+        all_ids = track["object_ids"]
+        self.range = a, b = parse_frames(frames, T)
+        self.slots = parse_objects(objects, all_ids)
+        ids = [all_ids[s] for s in self.slots]
+        self.out = out = Path(out).resolve()
+        self.source = source = Path(store.attrs["source"]["path"])
+        names = None
+        if store.attrs["video"].get("kind") == "frames" and source.is_dir():
+            from segpipe.frame_folder import frame_files
+            names = [p.stem for p in frame_files(source)]
+        palette = None if palette is None else [int(v) for v in palette]
+        self.writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store,
+                                       names, palette, per_object))
+        self.stage = f"export_{fmt}"
+        settings = {"out": str(out), "frames": [a, b], "objects": ids,
+                    "track": track["prompts_sha256"], "direction": track["direction"],
+                    "options": track["options"], "palette": palette, "per_object": per_object}
+        exports = store.attrs.get("exports", {})
+        record = exports.get(fmt, {})
+        gone = record.get("complete") and not out.exists()  # finished, then deleted: redo
+        if force or gone or {k: record.get(k) for k in settings} != settings:
+            store.ledger(self.stage).reset()
+            exports[fmt] = {**settings, "complete": False}
+            store.set_attrs(exports=exports)
+        self.complete = bool(store.attrs["exports"][fmt].get("complete"))
+        self.plan = ChunkPlan(T, C)
+        self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
+        self.started = False
+
+    def start(self) -> None:
+        if not self.started:
+            if self.fmt in ("overlay", "frames"):
+                check_source(self.store, self.source)
+            self.writer.start()
+            self.started = True
+
+    def frames_of(self, k: int) -> tuple[int, int]:
+        lo, hi = self.plan.bounds(k)
+        return max(lo, self.range[0]), min(hi, self.range[1])
+
+    def todo(self) -> list[int]:
+        return self.store.ledger(self.stage).todo(self.chunks)
+
+    def chunk(self, k: int) -> None:
+        """Export chunk k (its masks must be final) and commit it."""
+        self.start()
+        lo, hi = self.frames_of(k)
+        masks = self.store.read("masks", lo, hi)[:, self.slots]
+        self.store.commit(self.stage, k, files=self.writer.chunk(k, lo, masks))
+
+    def run(self, quiet: bool) -> None:
+        """Every chunk not yet exported, then the finish."""
+        self.start()
+        todo = self.todo()
+        done = sum(hi - lo for lo, hi in map(self.frames_of, self.chunks)) - sum(
+            hi - lo for lo, hi in map(self.frames_of, todo))
+        with log.progress(f"export {self.fmt}", self.range[1] - self.range[0], quiet,
+                          initial=done) as bar:
+            for k in todo:
+                self.chunk(k)
+                bar.update(self.frames_of(k)[1] - self.frames_of(k)[0])
+        self.writer.finish(self.chunks)
+        exports = self.store.attrs.get("exports", {})
+        exports[self.fmt]["complete"] = True
+        if self.fmt == "overlay":
+            exports[self.fmt]["size"] = list(self.writer.coded)  # an odd size is padded to even
+        self.store.set_attrs(exports=exports)
+        self.complete = True
+        remove_parts(self.out)  # only now: until the record says complete, finish may need them
+
+
 @holds_store_lock
 def export(store_path, fmt: str, out, frames: str | None = None, objects: str | None = None,
-           quiet: bool = False, force: bool = False) -> Path:
+           quiet: bool = False, force: bool = False, palette=None,
+           per_object: bool = False) -> Path:
+    """Export the tracked masks in `fmt` to `out`, resuming an unfinished export."""
     store = RunStore.open(store_path)
-    if fmt not in FORMATS:
-        raise BadInput(f"--format must be one of {', '.join(FORMATS)}")
-    track = require_tracked(store)
-    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
-    all_ids = track["object_ids"]
-    a, b = parse_frames(frames, T)
-    slots = parse_objects(objects, all_ids)
-    ids = [all_ids[s] for s in slots]
-    out = Path(out).resolve()
-    source = Path(store.attrs["source"]["path"])
-    names = None
-    if store.attrs["video"].get("kind") == "frames" and source.is_dir():
-        from segpipe.frame_folder import frame_files
-        names = [p.stem for p in frame_files(source)]
-    writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store, names))
-    stage = f"export_{fmt}"
-    settings = {"out": str(out), "frames": [a, b], "objects": ids,
-                "track": track["prompts_sha256"], "direction": track["direction"]}
-    exports = store.attrs.get("exports", {})
-    record = exports.get(fmt, {})
-    gone = record.get("complete") and not out.exists()  # finished, then deleted: redo
-    if force or gone or {k: record.get(k) for k in settings} != settings:
-        store.ledger(stage).reset()
-        exports[fmt] = {**settings, "complete": False}
-        store.set_attrs(exports=exports)
-    elif record.get("complete"):
-        remove_parts(out)
-        log.info(f"export {fmt}: already complete ({out})", quiet)
-        return out
-    if fmt in ("overlay", "frames"):
-        check_source(store, source)
-    plan = ChunkPlan(T, C)
-    chunks = list(range(plan.chunk_of(a), plan.chunk_of(b - 1) + 1))
-    todo = store.ledger(stage).todo(chunks)
-    writer.start()
-    def frames_of(k):
-        lo, hi = plan.bounds(k)
-        return max(lo, a), min(hi, b)
-
-    done_frames = sum(hi - lo for lo, hi in map(frames_of, chunks)) - sum(
-        hi - lo for lo, hi in map(frames_of, todo))
-    with log.progress(f"export {fmt}", b - a, quiet, initial=done_frames) as bar:
-        for k in todo:
-            lo, hi = frames_of(k)
-            masks = store.read("masks", lo, hi)[:, slots]
-            store.commit(stage, k, files=writer.chunk(k, lo, masks))
-            bar.update(hi - lo)
-    writer.finish(chunks)
-    exports = store.attrs.get("exports", {})
-    exports[fmt]["complete"] = True
-    if fmt == "overlay":
-        exports[fmt]["size"] = list(writer.coded)  # an odd size is padded to even
-    store.set_attrs(exports=exports)
-    remove_parts(out)  # only now: until the record says complete, finish may need them again
-    log.info(f"export {fmt}: {out}", quiet)
-    return out
+    job = Export(store, fmt, out, frames, objects, force, palette, per_object)
+    if job.complete:
+        remove_parts(job.out)
+        log.info(f"export {fmt}: already complete ({job.out})", quiet)
+        return job.out
+    job.run(quiet)
+    log.info(f"export {fmt}: {job.out}", quiet)
+    return job.out

@@ -23,14 +23,17 @@ from segpipe import prompts as prompt_file
 from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.model import autocast, build_model, pick_device, resolve_weights
+from segpipe.model import (autocast, build_model, pick_device, resolve_weights,
+                           tracking_options)
 from segpipe.lock import holds_store_lock
 from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
+from segpipe.track_settings import OPTIONS, pick_options, stored_settings
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
 from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 
 DIRECTIONS = ("both", "forward", "reverse")
+ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
 
 
 class StoredFeatures(dict):
@@ -138,7 +141,8 @@ class Tracker:
     """One pass (forward or reverse) over the chunks, memory carried between them."""
 
     def __init__(self, predictor, store: RunStore, plan: ChunkPlan, direction: str,
-                 prompts: list, features: StoredFeatures, maskmem_pos_enc: torch.Tensor):
+                 prompts: list, features: StoredFeatures, maskmem_pos_enc: torch.Tensor,
+                 options: dict = OPTIONS, on_commit=None):
         self.predictor, self.store, self.plan = predictor, store, plan
         self.direction, self.reverse = direction, direction == "reverse"
         self.prompts, self.features, self.pos = prompts, features, [maskmem_pos_enc]
@@ -146,6 +150,14 @@ class Tracker:
         self.height, self.width = video["height"], video["width"]
         self.ids = prompt_file.object_ids(prompts)
         self.start = min(p.frame for p in prompts)
+        self.threshold = float(options["score_threshold"])
+        # "own": each object is tracked from its own first prompt (forward passes only)
+        self.own = options["object_start"] == "own"
+        firsts = {}
+        for p in prompts:
+            firsts[p.object_id] = min(p.frame, firsts.get(p.object_id, p.frame))
+        self.first = [firsts[i] if self.own else 0 for i in self.ids]
+        self.on_commit = on_commit
         self.reach = Reach.of(predictor, plan.num_frames)
         S = predictor.image_size
         self.memstore = MemoryStore(store, direction, self.reach, len(self.ids), plan.num_chunks,
@@ -225,6 +237,10 @@ class Tracker:
             scores = []
             logits = []
             for o, obj in enumerate(memory.objects):
+                if f < self.first[o]:  # not yet started: not tracked
+                    scores.append(torch.full((1,), float("nan"), device=self.predictor.device))
+                    logits.append(None)
+                    continue
                 out_dict = state["output_dict_per_obj"][o]
                 if f in out_dict["cond_frame_outputs"]:
                     out = out_dict["cond_frame_outputs"][f]
@@ -238,9 +254,8 @@ class Tracker:
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
                 scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
-            all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
-            _, video_res = self.predictor._get_orig_video_res_output(state, all_logits)
-            host_masks[f - lo].copy_(video_res[:, 0] > 0.0, non_blocking=cuda)
+            video_res = self.video_res(state, logits)
+            host_masks[f - lo].copy_(video_res[:, 0] > self.threshold, non_blocking=cuda)
             frame_scores[f] = torch.cat(scores).float()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
@@ -254,6 +269,24 @@ class Tracker:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
         self.write(k, lo, host_masks.numpy(), scores, mine, memory)
 
+    def video_res(self, state: dict, logits: list) -> torch.Tensor:
+        """The frame's (O, 1, H, W) mask logits at the video's size. Objects tracked together
+        go through SAM 2's `_get_orig_video_res_output` as one batch, as its predictor does;
+        objects tracked from their own starts one by one (each alone in its own state, as
+        vos_inference tracks them), the absent ones at -1024, then non-overlap."""
+        if not self.own:
+            all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
+            return self.predictor._get_orig_video_res_output(state, all_logits)[1]
+        device = self.predictor.device
+        rows = [torch.full((1, 1, self.height, self.width), ABSENT_LOGIT, device=device)
+                if pred is None else
+                self.predictor._get_orig_video_res_output(state, pred)[1].float()
+                for pred in logits]
+        video_res = torch.cat(rows, dim=0)
+        if self.predictor.non_overlap_masks:
+            video_res = self.predictor._apply_non_overlapping_constraints(video_res)
+        return video_res
+
     def write(self, k, lo, masks, scores, mine, memory) -> None:
         idx = np.nonzero(mine)[0]
         if len(idx):
@@ -263,6 +296,8 @@ class Tracker:
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
+        if self.on_commit is not None:
+            self.on_commit(self.direction, k)
 
 
 def shown_by(direction: str, pass_direction: str, start: int):
@@ -272,18 +307,20 @@ def shown_by(direction: str, pass_direction: str, start: int):
     return (lambda f: f < start) if pass_direction == "reverse" else (lambda f: f >= start)
 
 
-def prepare(store: RunStore, prompts: list, direction: str, force: bool, quiet: bool) -> None:
-    """Discard old tracking when the prompts or the direction changed (or on `force`), then
-    make the arrays. The new settings are recorded last (see `reset_from`)."""
+def prepare(store: RunStore, prompts: list, direction: str, options: dict, force: bool,
+            quiet: bool) -> None:
+    """Discard old tracking when the prompts, the direction or the options changed (or on
+    `force`), then make the arrays. The new settings are recorded last (see `reset_from`)."""
     T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
     entries, masks = prompt_file.to_record(prompts)
     settings = {"prompts_sha256": prompt_file.digest(prompts), "direction": direction,
                 "object_ids": prompt_file.object_ids(prompts),
-                "start_frame": min(p.frame for p in prompts), "prompts": entries}
-    if store.attrs.get("track") == settings and not force:
+                "start_frame": min(p.frame for p in prompts), "prompts": entries,
+                "options": options}
+    if stored_settings(store) == settings and not force:
         return
     if store.attrs.get("track") is not None:
-        log.info("track: starting over (prompts or direction changed, or --force)", quiet)
+        log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
     reset_from(store, "track")
     O = len(settings["object_ids"])
     H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
@@ -323,9 +360,14 @@ def stored_prompts(store: RunStore) -> list:
 @holds_store_lock
 def track(store_path, prompts=None, direction: str | None = None, device: str = "auto",
           checkpoint: str | None = None, quiet: bool = False, predictor=None,
-          force: bool = False) -> RunStore:
+          force: bool = False, postprocessing: bool | None = None,
+          non_overlap: bool | None = None, score_threshold: float | None = None,
+          object_start: str | None = None, on_commit=None) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
-    prompts stored by the last track, resuming or repairing whatever is not done."""
+    prompts stored by the last track, resuming or repairing whatever is not done.
+
+    Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
+    called after each chunk a pass commits (the dataset command exports it then)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
@@ -344,9 +386,17 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
     weights = resolve_weights(spec["name"], checkpoint, seed)
     precision = spec.get("precision", "float32")
     check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"], precision))
+    options = pick_options(store, direction, postprocessing=postprocessing,
+                           non_overlap=non_overlap, score_threshold=score_threshold,
+                           object_start=object_start)
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
-    prepare(store, prompts, direction, force, quiet)
+    if predictor is not None:
+        made = tracking_options(predictor)
+        wanted = {k: options[k] for k in made}
+        if made != wanted:
+            raise BadInput(f"the predictor given was built with {made}, the tracking asks for {wanted}")
+    prepare(store, prompts, direction, options, force, quiet)
     start = min(p.frame for p in prompts)
     pending = [d for d in passes(direction)
                if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, start))]
@@ -354,11 +404,14 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         log.info("track: already complete", quiet)
         return store
     if predictor is None:
-        predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device))
+        predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device),
+                                postprocessing=options["postprocessing"],
+                                non_overlap=options["non_overlap"])
     vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
     features = StoredFeatures(store, predictor.device, vision_pos)
     for d in pending:
-        tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos)
+        tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos, options,
+                          on_commit)
         # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
         with autocast(predictor.device.type, precision), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")

@@ -1,0 +1,203 @@
+"""Dataset mode: SAM 2's `tools/vos_inference.py` over a VOS dataset, chunked and resumable.
+
+Each video gets its own store under the work folder and goes through decode, encode and a
+forward track, with the tool's settings (postprocessing off unless asked, non-overlapping
+masks unless per-object PNGs, the score threshold) and its prompts (`segpipe.vos`). Output
+PNGs are written chunk by chunk as the forward pass commits each chunk, atomically, so they
+appear while the run goes on and a crash loses at most the chunk in flight. A rerun skips
+finished videos and resumes the others where they stopped. A video that fails for a reason
+of its own (an unreadable frame, a missing first mask) is reported and the others go on.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import log
+from .errors import BadInput, SegpipeError
+from .model import DEFAULT_MODEL
+from .vos import Layout, VideoInputs, read_inputs, video_names
+
+
+@dataclass
+class Options:
+    """The tool's options (same names and defaults) and segpipe's own."""
+    score_thresh: float = 0.0
+    use_all_masks: bool = False
+    per_obj_png_file: bool = False
+    apply_postprocessing: bool = False
+    track_object_appearing_later_in_video: bool = False
+    model: str = DEFAULT_MODEL
+    checkpoint: str | None = None
+    random_seed: int | None = None
+    image_size: int | None = None
+    chunk_size: int | None = None
+    device: str = "auto"
+    batch_size: int = 1
+    embedding_dtype: str = "float32"
+    precision: str | None = None
+
+
+@dataclass
+class VideoResult:
+    video: str
+    frames: int | None = None
+    objects: int | None = None
+    seconds: float = 0.0
+    status: str = "done"  # "done", "already done", or "failed: <reason>"
+
+    @property
+    def failed(self) -> bool:
+        return self.status.startswith("failed")
+
+
+def run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+                video_list_file=None, options: Options = Options(),
+                quiet: bool = False) -> list[VideoResult]:
+    layout = Layout(Path(base_video_dir), Path(input_mask_dir), options.per_obj_png_file)
+    names = video_names(layout.base_video_dir,
+                        None if video_list_file is None else Path(video_list_file))
+    if not names:
+        raise BadInput(f"no videos in {layout.base_video_dir}")
+    output_mask_dir, work_dir = Path(output_mask_dir), Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    runner = VideoRunner(options, output_mask_dir, work_dir, quiet)
+    total = sum(_frame_count(layout, v) for v in names)
+    results = []
+    with log.progress("dataset", total, quiet) as bar:
+        for n, video in enumerate(names):
+            bar.set_description(f"dataset: video {n + 1}/{len(names)}")
+            began = time.perf_counter()
+            result = VideoResult(video)
+            try:
+                result = runner.run(layout, video)
+            except SegpipeError as e:
+                result.status = f"failed: {e.message}"
+                log.info(f"{video}: {e.message}", quiet)
+            result.seconds = time.perf_counter() - began
+            results.append(result)
+            bar.update(_frame_count(layout, video))
+    return results
+
+
+class VideoRunner:
+    """The stages for one video after another; the model is built once, when first needed."""
+
+    def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool):
+        self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
+        self.predictors = {}
+
+    def model(self, image_size: int, device: str):
+        """One predictor per image size (stores made earlier may have another)."""
+        if image_size not in self.predictors:
+            from .model import build_model, resolve_weights
+            o = self.options
+            self.predictors[image_size] = build_model(
+                o.model, image_size, resolve_weights(o.model, o.checkpoint, o.random_seed),
+                device, postprocessing=o.apply_postprocessing, non_overlap=not o.per_obj_png_file)
+        return self.predictors[image_size]
+
+    def run(self, layout: Layout, video: str) -> VideoResult:
+        from .model import pick_device
+        from .stages.decode import decode
+        from .stages.encode import encode
+        from .stages.track import track
+        o = self.options
+        inputs = read_inputs(layout, video, o.use_all_masks,
+                             o.track_object_appearing_later_in_video)
+        store = self.work / f"{video}.zarr"
+        out = self.out / video
+        result = VideoResult(video, len(inputs.frame_names), len(inputs.object_ids))
+        if not inputs.prompts:  # tracking objects that appear later, and none ever does
+            write_empty(inputs, out, o.per_obj_png_file)
+            return result
+        decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
+        predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
+        encode(store, o.model, o.checkpoint, o.random_seed, o.device, o.batch_size,
+               o.embedding_dtype, quiet=self.quiet, predictor=predictor, precision=o.precision)
+        exporting = StreamedExport(store, out, inputs, o.per_obj_png_file)
+        track(store, inputs.prompts, "forward", o.device, o.checkpoint, self.quiet, predictor,
+              postprocessing=o.apply_postprocessing, non_overlap=not o.per_obj_png_file,
+              score_threshold=o.score_thresh,
+              object_start="own" if o.track_object_appearing_later_in_video else "earliest",
+              on_commit=exporting.committed)
+        exporting.finish(self.quiet)
+        if not exporting.worked:
+            result.status = "already done"
+        return result
+
+
+class StreamedExport:
+    """The video's output PNGs, exported chunk by chunk as the forward pass commits them,
+    then whatever is left (chunks no pass visits, a crash between a chunk's commit and its
+    export) and the record that the export is complete."""
+
+    def __init__(self, store: Path, out: Path, inputs: VideoInputs, per_object: bool):
+        self.store, self.out, self.inputs, self.per_object = store, out, inputs, per_object
+        self.job = None
+        self.worked = False  # a chunk tracked or exported by this run
+
+    def open(self):
+        from .stages.export import Export
+        from .store import RunStore
+        if self.job is None:
+            self.job = Export(RunStore.open(self.store), "davis", self.out,
+                              frames=f"{self.inputs.first_output}:", palette=self.palette(),
+                              per_object=self.per_object, tracking=True)
+        return self.job
+
+    def palette(self) -> list[int]:
+        from .stages.export import davis_palette
+        return self.inputs.palette or davis_palette()
+
+    def committed(self, direction: str, k: int) -> None:
+        self.worked = True
+        job = self.open()
+        if k in job.chunks and k in job.todo():
+            job.chunk(k)
+
+    def finish(self, quiet: bool) -> None:
+        """Export what is left, and record the export complete."""
+        job = self.open()
+        if not job.complete:
+            self.worked = True
+            job.run(quiet)
+
+
+def write_empty(inputs: VideoInputs, out: Path, per_object: bool) -> None:
+    """What the tool writes for a video without objects: all-background PNGs (none per
+    object, having no object)."""
+    import numpy as np
+    from PIL import Image
+
+    from .stages.export import _png_bytes, davis_palette, make_folder
+    from .store import atomic_write
+    make_folder(out)
+    if per_object:
+        return
+    from .frame_folder import frame_files
+    with Image.open(frame_files(inputs.frames)[0]) as first:
+        width, height = first.size
+    for name in inputs.frame_names:
+        img = Image.fromarray(np.zeros((height, width), np.uint8))
+        img.putpalette(inputs.palette or davis_palette())
+        atomic_write(out / f"{name}.png", _png_bytes(img))
+
+
+def _frame_count(layout: Layout, video: str) -> int:
+    from .frame_folder import frame_files
+    try:
+        return len(frame_files(layout.base_video_dir / video))
+    except (SegpipeError, OSError):
+        return 0
+
+
+def table(results: list[VideoResult]) -> str:
+    rows = [("video", "frames", "objects", "seconds", "status")]
+    rows += [(r.video, "-" if r.frames is None else str(r.frames),
+              "-" if r.objects is None else str(r.objects), f"{r.seconds:.1f}", r.status)
+             for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4]
+                     for row in rows)
