@@ -321,6 +321,37 @@ def status(store, as_json):
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
 
 
+@cli.command(context_settings=CONTEXT)
+@click.option("--results-dir", required=True, type=click.Path(path_type=Path),
+              help="Result masks, <dir>/<video>/<frame>.png: indexed PNGs whose pixel values are "
+                   "object ids (as SAM 2's tools/vos_inference.py and `export --format davis` "
+                   "write them).")
+@click.option("--gt-dir", required=True, type=click.Path(path_type=Path),
+              help="Ground-truth masks in the same layout (e.g. DAVIS/Annotations/480p); its "
+                   "PNGs are the frames scored.")
+@click.option("--video-list-file", type=click.Path(path_type=Path), default=None,
+              show_default="every folder of --gt-dir", help="Videos to score, one name a line.")
+@click.option("--per-obj-png-file", "per_object_png", is_flag=True,
+              help="Per-object layout (SA-V): <dir>/<video>/<object id, 001>/<frame>.png, "
+                   "0 / non-zero, for results and ground truth.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+def evaluate(results_dir, gt_dir, video_list_file, per_object_png, as_json):
+    """Score result masks against ground truth with DAVIS 2017's semi-supervised J (region
+    IoU), F (boundary accuracy) and J&F: first and last frames not scored, the means taken
+    over all objects of all videos.
+
+    \b
+    Example:
+      segpipe export --store bear.zarr --format davis --out results/bear
+      segpipe evaluate --results-dir results --gt-dir DAVIS/Annotations/480p \\
+          --video-list-file val.txt
+    """
+    from .evaluate import evaluate as score, read_video_list
+    videos = read_video_list(video_list_file) if video_list_file is not None else None
+    report = score(results_dir, gt_dir, videos=videos, per_object_png=per_object_png)
+    click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())
+
+
 def limit_malloc_arenas() -> None:
     """glibc gives every thread its own malloc arena; with zarr's and our worker threads
     handling chunk-sized buffers, peak RSS then creeps up with video length. Two arenas keep
