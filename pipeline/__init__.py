@@ -11,7 +11,7 @@ masks bit-identical to SAM 2's own video predictor.
 Every name of the API is listed in `__all__`. `import segpipe` does not import torch: the
 calls that run the model import it.
 """
-from .api import decode, encode, export, open, repair, run, track
+from .api import dataset, decode, encode, evaluate, export, open, repair, run, track
 from .errors import (BadInput, DamagedStore, SegpipeError, StoreLocked, StoreMismatch,
                      StoreNotReady)
 from .prompts import Prompt
@@ -20,6 +20,8 @@ from .results import Run
 __all__ = [
     # the stages, and all of them in one call
     "run", "decode", "encode", "track", "export", "repair",
+    # datasets (SAM 2's vos_inference) and their DAVIS J&F
+    "dataset", "evaluate",
     # reading results back
     "open", "Run",
     # prompts as objects

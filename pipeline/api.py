@@ -167,6 +167,48 @@ def repair(store, *, checkpoint: str | None = None, device: str = "auto",
     return repair_store(store, checkpoint, device, quiet=not progress)
 
 
+def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, *,
+            video_list_file=None, score_thresh: float = 0.0, use_all_masks: bool = False,
+            per_obj_png_file: bool = False, apply_postprocessing: bool = False,
+            track_object_appearing_later_in_video: bool = False, model: str = DEFAULT_MODEL,
+            checkpoint: str | None = None, random_weights: int | None = None,
+            image_size: int | None = None, chunk_size: int | None = None,
+            device: str = "auto", batch_size: int = 1, embedding_dtype: str = "float32",
+            precision: str | None = None, progress: bool = True) -> list:
+    """SAM 2's tools/vos_inference.py over a VOS dataset, with its options and output PNGs,
+    one resumable store per video under `work_dir`. Returns one `VideoResult` per video
+    (video, frames, objects, seconds, status); a video that fails is reported there
+    ("failed: <reason>") and the others go on.
+
+    Example:
+        >>> results = segpipe.dataset("DAVIS/JPEGImages/480p", "DAVIS/Annotations/480p",
+        ...                           "out/", "stores/", checkpoint="sam2.1_hiera_tiny.pt")
+        >>> [r.status for r in results]
+    """
+    from .vos_dataset import Options, run_dataset
+    options = Options(
+        score_thresh=score_thresh, use_all_masks=use_all_masks, per_obj_png_file=per_obj_png_file,
+        apply_postprocessing=apply_postprocessing,
+        track_object_appearing_later_in_video=track_object_appearing_later_in_video,
+        model=model, checkpoint=checkpoint, random_seed=random_weights, image_size=image_size,
+        chunk_size=chunk_size, device=device, batch_size=batch_size,
+        embedding_dtype=embedding_dtype, precision=precision)
+    return run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+                       video_list_file, options, quiet=not progress)
+
+
+def evaluate(results_dir, gt_dir, *, videos: Sequence[str] | None = None,
+             per_obj_png_file: bool = False):
+    """DAVIS 2017 J&F of result PNGs against ground-truth PNGs (see `segpipe evaluate`).
+
+    Example:
+        >>> report = segpipe.evaluate("out/", "DAVIS/Annotations/480p")
+        >>> report.jf_mean
+    """
+    from .davis_eval import evaluate as evaluate_dirs
+    return evaluate_dirs(results_dir, gt_dir, videos=videos, per_object_png=per_obj_png_file)
+
+
 def export_folder(store) -> Path:
     """Where `run` exports: `<store name>.export/` beside the store."""
     store = Path(store)

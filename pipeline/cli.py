@@ -54,7 +54,7 @@ def encode_options(f):
 DIRECTION = click.option("--direction", type=click.Choice(["both", "forward", "reverse"]),
                          default=None, show_default="both, or the store's",
                          help="Tracking passes from the earliest prompted frame.")
-def tracking_options(f):
+def mask_options(f):
     """How masks are made from SAM 2's outputs (SAM 2's predictor defaults unless given)."""
     f = click.option("--object-start", type=click.Choice(["earliest", "own"]), default=None,
                      show_default="earliest, or the store's",
@@ -145,7 +145,7 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
               show_default="the store's last prompts",
               help="Prompts JSON (see README, 'Prompts file').")
 @DIRECTION
-@tracking_options
+@mask_options
 @CHECKPOINT
 @DEVICE
 @FORCE_AGAIN
@@ -198,7 +198,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @decode_options
 @encode_options
 @DIRECTION
-@tracking_options
+@mask_options
 @click.option("--export", "exports", default="davis,vis-json,overlay",
               help="Export formats after tracking (comma list, or 'none'), into STORE's "
                    "sibling folder <store name>.export/.")
@@ -270,24 +270,32 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_lis
           --input-mask-dir DAVIS/Annotations/480p --output-mask-dir out/ \\
           --work-dir stores/ --checkpoint sam2.1_hiera_tiny.pt
     """
-    from .dataset import Options, run_dataset, table
-    options = Options(score_thresh, use_all_masks, per_obj_png_file, apply_postprocessing,
-                      track_object_appearing_later_in_video, model, checkpoint, random_seed,
-                      image_size, chunk_size, device, batch_size, embedding_dtype, precision)
+    from .vos_dataset import table
     with interrupt.finishing_chunks():
-        results = run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
-                              video_list_file, options, quiet)
+        results = api.dataset(
+            base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+            video_list_file=video_list_file, score_thresh=score_thresh,
+            use_all_masks=use_all_masks, per_obj_png_file=per_obj_png_file,
+            apply_postprocessing=apply_postprocessing,
+            track_object_appearing_later_in_video=track_object_appearing_later_in_video,
+            model=model, checkpoint=checkpoint, random_weights=random_seed,
+            image_size=image_size, chunk_size=chunk_size, device=device,
+            batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
+            progress=not quiet)
     interrupt.check()
     click.echo(table(results))
     failed = [r for r in results if r.failed]
-    if gt_dir is not None:
-        from .evaluate import evaluate
-        done = [r.video for r in results if not r.failed]
-        report = evaluate(output_mask_dir, gt_dir, videos=done, per_object_png=per_obj_png_file)
-        click.echo(report.table())
-    if failed:
-        raise SegpipeError(f"{len(failed)} of {len(results)} videos failed: "
-                           f"{', '.join(r.video for r in failed)} (see the table)")
+    problems = [f"{len(failed)} of {len(results)} videos failed: "
+                f"{', '.join(r.video for r in failed)} (see the table)"] if failed else []
+    done = [r.video for r in results if not r.failed]
+    if gt_dir is not None and done:
+        try:
+            click.echo(api.evaluate(output_mask_dir, gt_dir, videos=done,
+                                    per_obj_png_file=per_obj_png_file).table())
+        except SegpipeError as e:
+            problems.append(f"evaluation: {e.message}")
+    if problems:
+        raise SegpipeError("; ".join(problems))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -346,7 +354,7 @@ def evaluate(results_dir, gt_dir, video_list_file, per_object_png, as_json):
       segpipe evaluate --results-dir results --gt-dir DAVIS/Annotations/480p \\
           --video-list-file val.txt
     """
-    from .evaluate import evaluate as score, read_video_list
+    from .davis_eval import evaluate as score, read_video_list
     videos = read_video_list(video_list_file) if video_list_file is not None else None
     report = score(results_dir, gt_dir, videos=videos, per_object_png=per_object_png)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())

@@ -186,11 +186,13 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
         fail(f"frame {frame!r} is out of range: the video has frames 0..{frame_count - 1}")
     name = entry["id_mask"]
     if isinstance(name, np.ndarray):
-        ids = name
+        ids, name = name, "array"
     elif isinstance(name, str) and (base / name).is_file():
         ids = read_id_mask(base / name)
-    else:
+    elif isinstance(name, str):
         fail(f"id_mask file not found: {base / name}")
+    else:
+        fail("\"id_mask\" must be a PNG path (relative to the prompts file) or an (H, W) array")
     if ids.ndim != 2:
         fail(f"id_mask {name} is not a single-channel (indexed) image")
     if ids.shape != (height, width):

@@ -462,7 +462,7 @@ STAGE_OUTPUTS = {
     "track": {"arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
               "ledgers": ["track_forward", "track_reverse"], "attrs": ["track"]},
     "export": {"arrays": [], "ledgers": ["export_davis", "export_vis-json", "export_overlay",
-                           "export_frames"],
+                           "export_frames", "export_vos"],
                "attrs": ["exports"]},
 }
 

@@ -1,5 +1,5 @@
 """The tracking settings a store records: prompts, direction and the options that turn SAM 2's
-outputs into masks. Read by track, export, repair and status (without importing torch)."""
+outputs into masks. Read by track and export (without importing torch)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +13,7 @@ OBJECT_STARTS = ("earliest", "own")
 # it tracks each object from its own first mask ("own").
 OPTIONS = {"postprocessing": True, "non_overlap": False, "score_threshold": 0.0,
            "object_start": "earliest"}
+ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
 
 
 def stored_settings(store: RunStore) -> dict | None:
@@ -36,6 +37,9 @@ def pick_options(store: RunStore, direction: str, **given) -> dict:
     threshold = options["score_threshold"]
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
         raise BadInput(f"--score-threshold must be a finite number, got {threshold!r}")
+    if options["object_start"] == "own" and threshold <= ABSENT_LOGIT:
+        raise BadInput(f"--score-threshold {threshold} would count objects as present before "
+                       f"their start (logit {ABSENT_LOGIT}); use a threshold above it")
     options["score_threshold"] = float(threshold)
     options["postprocessing"], options["non_overlap"] = (
         bool(options["postprocessing"]), bool(options["non_overlap"]))

@@ -71,9 +71,26 @@ def read_inputs(layout: Layout, video: str, use_all_masks: bool,
         raise BadInput(f"no annotation folder {layout.masks_dir(video)}")
     if later_objects:
         prompts, palette, first = _each_from_its_first_mask(layout, video, names, use_all_masks)
+        if not prompts and not layout.per_obj_png_file:
+            # the tool fails there (its non-overlap step gets no object); per object it
+            # writes no PNG
+            raise BadInput(f"video {video}: no object in any annotation")
     else:
         prompts, palette, first = _all_from_the_first_frame(layout, video, names, use_all_masks)
+    _check_sizes(video, folder, names, prompts)
     return VideoInputs(video, folder, names, prompts, palette, first)
+
+
+def _check_sizes(video: str, folder: Path, names: list[str], prompts: list[Prompt]) -> None:
+    """Annotations must be the frames' size (vos_inference would resize others to the
+    model's input, a rescaling segpipe does not reproduce)."""
+    from PIL import Image
+    with Image.open(frame_files(folder)[0]) as first:
+        width, height = first.size
+    for p in prompts:
+        if p.mask.shape != (height, width):
+            raise BadInput(f"video {video}: the annotation of frame {names[p.frame]} is "
+                           f"{p.mask.shape[1]}x{p.mask.shape[0]}, the frames are {width}x{height}")
 
 
 def _all_from_the_first_frame(layout: Layout, video: str, names: list[str], use_all_masks: bool):
@@ -103,7 +120,9 @@ def _all_from_the_first_frame(layout: Layout, video: str, names: list[str], use_
         prompts += [Prompt(obj, t, mask=masks[obj]) for obj in sorted(masks)]
     if not objects:
         raise BadInput(f"video {video}: no object ids on the input frames; {LATER_HINT}")
-    # SAM 2 numbers objects in the order they are added: ascending ids on the first frame
+    # object slots in ascending id order: SAM 2's own order with indexed PNGs (np.unique);
+    # with per-object PNGs the tool adds them in os.listdir order, which changes nothing
+    # there (no non-overlap step, and objects are tracked independently)
     order = {obj: i for i, obj in enumerate(sorted(objects))}
     prompts.sort(key=lambda p: (p.frame, order[p.object_id]))
     return prompts, palette, frames[0]

@@ -459,15 +459,17 @@ class Export:
 
     def __init__(self, store: RunStore, fmt: str, out, frames: str | None = None,
                  objects: str | None = None, force: bool = False, palette=None,
-                 per_object: bool = False, tracking: bool = False):
+                 per_object: bool = False, tracking: bool = False, name: str | None = None):
         """`tracking`: made while the tracking still runs (chunks are exported as the
-        passes commit them), so tracking need not be finished yet."""
+        passes commit them), so tracking need not be finished yet. `name`: the export's own
+        record and ledger (default: the format's), for an export kept apart from the
+        user's (the dataset command's PNGs)."""
         if fmt not in FORMATS:
             raise BadInput(f"--format must be one of {', '.join(FORMATS)}")
         if (palette is not None or per_object) and fmt != "davis":
             raise BadInput("a palette and per-object PNGs are options of the davis format")
         track = stored_track(store) if tracking else require_tracked(store)
-        self.store, self.fmt = store, fmt
+        self.store, self.fmt, self.name = store, fmt, name or fmt
         T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
         all_ids = track["object_ids"]
         self.range = a, b = parse_frames(frames, T)
@@ -482,18 +484,19 @@ class Export:
         palette = None if palette is None else [int(v) for v in palette]
         self.writer = WRITERS[fmt](Job(out, ids, (a, b), store.attrs["video"], source, store,
                                        names, palette, per_object))
-        self.stage = f"export_{fmt}"
+        self.stage = f"export_{self.name}"
+        # (new tracking options discard the exports with the tracking: see `reset_from`)
         settings = {"out": str(out), "frames": [a, b], "objects": ids,
                     "track": track["prompts_sha256"], "direction": track["direction"],
-                    "options": track["options"], "palette": palette, "per_object": per_object}
+                    "palette": palette, "per_object": per_object}
         exports = store.attrs.get("exports", {})
-        record = exports.get(fmt, {})
+        record = {"palette": None, "per_object": False, **exports.get(self.name, {})}
         gone = record.get("complete") and not out.exists()  # finished, then deleted: redo
         if force or gone or {k: record.get(k) for k in settings} != settings:
             store.ledger(self.stage).reset()
-            exports[fmt] = {**settings, "complete": False}
+            exports[self.name] = {**settings, "complete": False}
             store.set_attrs(exports=exports)
-        self.complete = bool(store.attrs["exports"][fmt].get("complete"))
+        self.complete = bool(store.attrs["exports"][self.name].get("complete"))
         self.plan = ChunkPlan(T, C)
         self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
         self.started = False
@@ -532,9 +535,9 @@ class Export:
                 bar.update(self.frames_of(k)[1] - self.frames_of(k)[0])
         self.writer.finish(self.chunks)
         exports = self.store.attrs.get("exports", {})
-        exports[self.fmt]["complete"] = True
+        exports[self.name]["complete"] = True
         if self.fmt == "overlay":
-            exports[self.fmt]["size"] = list(self.writer.coded)  # an odd size is padded to even
+            exports[self.name]["size"] = list(self.writer.coded)  # an odd size is padded to even
         self.store.set_attrs(exports=exports)
         self.complete = True
         remove_parts(self.out)  # only now: until the record says complete, finish may need them

@@ -2,7 +2,9 @@
 
 Semantics are exactly `SAM2VideoPredictor` with all prompts added up front: the forward pass
 runs from the earliest prompted frame to the last frame, the reverse pass from it back to
-frame 0, each from a fresh state. SAM 2's own methods do the work (`add_new_points_or_box`,
+frame 0, each from a fresh state; masks are its outputs' logits above the score threshold.
+With `object_start="own"` each object is tracked forward from its own first prompt, alone,
+as SAM 2's vos_inference tracks objects that appear later in a video. SAM 2's own methods do the work (`add_new_points_or_box`,
 `add_new_mask`, `propagate_in_video_preflight`, `_run_single_frame_inference`,
 `_get_orig_video_res_output`); segpipe supplies the stored features through the predictor's
 feature cache and carries `TrackerMemory` across chunks, so masks are bit-identical to the
@@ -27,13 +29,12 @@ from segpipe.model import (autocast, build_model, pick_device, resolve_weights,
                            tracking_options)
 from segpipe.lock import holds_store_lock
 from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
-from segpipe.track_settings import OPTIONS, pick_options, stored_settings
+from segpipe.track_settings import ABSENT_LOGIT, OPTIONS, pick_options, stored_settings
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
 from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 
 DIRECTIONS = ("both", "forward", "reverse")
-ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
 
 
 class StoredFeatures(dict):

@@ -155,3 +155,15 @@ def test_pip_install_puts_only_segpipe_in_site_packages(tmp_path):
     assert names == ["segpipe", "segpipe-0.1.0.dist-info"], names
     assert (target / "segpipe" / "stages" / "track.py").is_file()
     assert (target / "segpipe" / "__init__.py").read_text() == (ROOT / "pipeline" / "__init__.py").read_text()
+
+
+def test_api_names_survive_their_modules_being_imported():
+    """A submodule named like an API function would replace it on the package once
+    imported (the import system binds submodules as package attributes)."""
+    import importlib
+    import pkgutil
+    import segpipe
+    for info in pkgutil.iter_modules(segpipe.__path__):
+        importlib.import_module(f"segpipe.{info.name}")
+    for name in segpipe.__all__:
+        assert not isinstance(getattr(segpipe, name), type(segpipe)), name

@@ -23,8 +23,8 @@ import make_sample  # noqa: E402
 
 IMAGE_SIZE, SEED, CHUNK = 256, 0, 4
 VIDEOS = {"bear": (10, 11), "cows": (9, 12), "dogs": (10, 13)}  # frames, clip seed
-ANNOTATED = {"bear": (0, 5), "cows": (0, 6), "dogs": (0, 3, 7)}  # frames with annotation PNGs
-LATER = ("dogs", 3, 3)  # object 3 of dogs is annotated from frame 3 on
+ANNOTATED = {"bear": (0, 5), "cows": (0, 6), "dogs": (0, 5, 7)}  # frames with annotation PNGs
+LATER = ("dogs", 3, 5)  # object 3 of dogs is annotated from frame 5 on (the second chunk)
 # the annotations' own palette (not DAVIS's): outputs must carry it
 PALETTE = [v for i in range(256) for v in ((i * 47) % 256, (i * 91) % 256, 255 - i)]
 VARIANTS = {
@@ -32,6 +32,10 @@ VARIANTS = {
     "use-all-masks": ["--use-all-masks"],
     "per-obj-png-file": ["--per-obj-png-file"],
     "later-objects": ["--track-object-appearing-later-in-video"],
+    # the rest at once: per-object PNGs of objects appearing later (the last frame has no
+    # PNG: the DAVIS palette), a score threshold, SAM 2's postprocessing
+    "later-per-obj-thresh-post": ["--per-obj-png-file", "--track-object-appearing-later-in-video",
+                                  "--score-thresh", "-0.5", "--apply-postprocessing"],
 }
 
 
@@ -89,13 +93,15 @@ def oracles(dataset, tmp_path_factory) -> dict:
         if name not in cache:
             flags = VARIANTS[name]
             per_obj = "--per-obj-png-file" in flags
-            predictor = oracle_predictor(IMAGE_SIZE, SEED, postprocessing=False, per_obj=per_obj)
+            predictor = oracle_predictor(IMAGE_SIZE, SEED, per_obj=per_obj,
+                                         postprocessing="--apply-postprocessing" in flags)
+            thresh = float(flags[flags.index("--score-thresh") + 1]) if "--score-thresh" in flags else 0.0
             out, failed = tmp_path_factory.mktemp(f"oracle-{name}"), []
             for video in VIDEOS:
                 try:
                     oracle_video(predictor, dataset / "JPEGImages", mask_dir(dataset, flags), out,
-                                 video, use_all_masks="--use-all-masks" in flags,
-                                 per_obj=per_obj,
+                                 video, score_thresh=thresh,
+                                 use_all_masks="--use-all-masks" in flags, per_obj=per_obj,
                                  later="--track-object-appearing-later-in-video" in flags)
                 except ToolError:
                     failed.append(video)
@@ -148,7 +154,10 @@ def test_dataset_pngs_equal_vos_inference(variant, dataset, oracles, work, tmp_p
     # masks are not trivial: the tracked frames hold objects, in the annotations' palette
     values = [np.array(Image.open(p)) for p in png_files(out).values()]
     assert sum(v.any() for v in values) >= len(values) // 2
-    assert Image.open(next(iter(png_files(out).values()))).getpalette() == PALETTE
+    from vos_oracle import voc_palette
+    later = "--track-object-appearing-later-in-video" in flags
+    palette = voc_palette() if per_obj and later else PALETTE
+    assert Image.open(next(iter(png_files(out).values()))).getpalette() == palette
 
 
 def test_which_videos_fail_where(oracles):
@@ -157,6 +166,7 @@ def test_which_videos_fail_where(oracles):
     assert oracles("use-all-masks")[1] == ["dogs"]  # object 3 new on a later frame
     assert oracles("per-obj-png-file")[1] == ["dogs"]  # object 3 has no first-frame PNG
     assert oracles("later-objects")[1] == []
+    assert oracles("later-per-obj-thresh-post")[1] == []
 
 
 def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
@@ -171,12 +181,14 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     second = work / "cows.zarr"
     chunks = -(-VIDEOS["cows"][0] // CHUNK)
     try:
-        assert wait_for(lambda: ledger_count(second, "export_davis") >= 1, proc, timeout=300)
+        assert wait_for(lambda: ledger_count(second, "export_vos") >= 1, proc, timeout=300)
         os.kill(proc.pid, signal.SIGSTOP)
         done = ledger_count(second, "track_forward")
         assert 1 <= done < chunks, done  # the kill lands mid-video
         # outputs appear chunk by chunk, as the chunks are tracked
         assert CHUNK <= len(png_files(out / "cows")) < VIDEOS["cows"][0]
+        exported = tree_mtimes(out / "cows")
+        tracked_chunk_0 = (second / "ledger" / "track_forward" / "c" / "0").stat().st_mtime_ns
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -187,6 +199,10 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     assert first == {**tree_mtimes(out / "bear"),
                      **{f"store/{k}": v for k, v in tree_mtimes(work / "bear.zarr").items()}}
     assert_same_pngs(out, oracles("default")[0])
+    # the second video resumed: its chunks done before the kill were not done again
+    now = tree_mtimes(out / "cows")
+    assert all(now[name] == mtime for name, mtime in exported.items() if name.endswith(".png"))
+    assert (second / "ledger" / "track_forward" / "c" / "0").stat().st_mtime_ns == tracked_chunk_0
 
 
 def test_a_bad_video_is_reported_and_the_others_go_on(dataset, tmp_path):
@@ -198,10 +214,107 @@ def test_a_bad_video_is_reported_and_the_others_go_on(dataset, tmp_path):
     (root / "Annotations" / "bear" / f"{stem(0)}.png").unlink()
     (root / "list.txt").write_text("bear\ncows\ndogs\n")
     proc = segpipe(*dataset_args(root, tmp_path / "out", tmp_path / "work", []),
-                   "--video-list-file", root / "list.txt")
+                   "--video-list-file", root / "list.txt", "--evaluate", root / "Annotations")
     assert_user_error(proc, "2 of 3 videos failed", "bear", "cows")
-    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]}
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()[1:4]}
     assert "no input mask for frame 00000" in rows["bear"]
     assert "unreadable image" in rows["cows"]
     assert rows["dogs"].rstrip().endswith("done")
     assert len(png_files(tmp_path / "out" / "dogs")) == VIDEOS["dogs"][0]
+    # J&F of the videos that ran, against their annotations (dogs: frame 3 is scored)
+    from segpipe.davis_eval import evaluate
+    report = evaluate(tmp_path / "out", root / "Annotations", videos=["dogs"])
+    assert report.table() in proc.stdout
+
+
+def test_run_with_vos_options_and_an_id_mask_prompt(dataset, oracles, tmp_path):
+    """`run` with the dataset's options and an `id_mask` prompt is the tool's output for that
+    video; a new score threshold retracks, and the masks shrink to the logits above it."""
+    import json
+    from segpipe.store import RunStore
+    ann = dataset / "Annotations" / "bear" / f"{stem(0)}.png"
+    (tmp_path / "prompts.json").write_text(json.dumps({"prompts": [{"frame": 0, "id_mask": str(ann)}]}))
+    store = tmp_path / "bear.zarr"
+    common = ["--store", store, "--random-weights", SEED, "--device", "cpu"]
+    segpipe("run", dataset / "JPEGImages" / "bear", "--prompts", tmp_path / "prompts.json",
+            "--image-size", IMAGE_SIZE, "--chunk-size", CHUNK, "--direction", "forward",
+            "--no-postprocessing", "--non-overlap", "--export", "none", *common, check=True)
+    masks = RunStore.open(store).read("masks")
+    ids = RunStore.open(store).attrs["track"]["object_ids"]
+    assert ids == [1, 2, 3]
+    theirs = oracles("default")[0] / "bear"
+    for t in range(VIDEOS["bear"][0]):
+        composed = np.array(Image.open(theirs / f"{stem(t)}.png"))
+        for slot, obj in enumerate(ids):
+            assert np.array_equal(masks[t, slot], composed == obj), (t, obj)
+    segpipe("track", "--score-threshold", 3.0, *common[:2], check=True)
+    settings = RunStore.open(store).attrs["track"]
+    assert settings["options"] == {"postprocessing": False, "non_overlap": True,
+                                   "score_threshold": 3.0, "object_start": "earliest"}
+    higher = RunStore.open(store).read("masks")
+    assert (higher <= masks).all() and higher.sum() < masks.sum()
+
+
+def test_bad_tracking_options_and_id_masks_are_one_line_errors(dataset, tmp_path):
+    import json
+    rgb = tmp_path / "rgb.png"
+    Image.new("RGB", (80, 60)).save(rgb)
+    (tmp_path / "p.json").write_text(json.dumps({"prompts": [{"frame": 0, "id_mask": str(rgb)}]}))
+    store = tmp_path / "s.zarr"
+    base = ["run", dataset / "JPEGImages" / "cows", "--store", store, "--image-size", 64,
+            "--chunk-size", 4, "--random-weights", 0, "--export", "none"]
+    assert_user_error(segpipe(*base, "--prompts", tmp_path / "p.json"), "id_mask", "indexed")
+    ann = dataset / "Annotations" / "cows" / f"{stem(0)}.png"
+    (tmp_path / "q.json").write_text(json.dumps({"prompts": [{"frame": 0, "id_mask": str(ann)}]}))
+    assert_user_error(segpipe(*base, "--prompts", tmp_path / "q.json", "--object-start", "own"),
+                      "--direction forward")
+
+
+def test_annotations_from_a_later_frame_give_pngs_from_it(dataset, tmp_path):
+    """--use-all-masks on a video annotated from frame 6 on: the forward pass starts there,
+    and, as in the tool, there are no PNGs for the frames before it."""
+    import shutil
+    from vos_oracle import oracle_predictor, oracle_video
+    root = tmp_path / "ds"
+    shutil.copytree(dataset / "JPEGImages" / "cows", root / "JPEGImages" / "cows")
+    shutil.copytree(dataset / "Annotations" / "cows", root / "Annotations" / "cows")
+    (root / "Annotations" / "cows" / f"{stem(0)}.png").unlink()
+    segpipe(*dataset_args(root, tmp_path / "out", tmp_path / "work", ["--use-all-masks"]),
+            check=True)
+    oracle_video(oracle_predictor(IMAGE_SIZE, SEED, postprocessing=False, per_obj=False),
+                 root / "JPEGImages", root / "Annotations", tmp_path / "theirs", "cows",
+                 use_all_masks=True)
+    assert assert_same_pngs(tmp_path / "out", tmp_path / "theirs") == VIDEOS["cows"][0] - 6
+
+
+def test_a_chunk_tracked_but_not_exported_is_exported_on_rerun(dataset, oracles, tmp_path,
+                                                                monkeypatch):
+    """A crash between a chunk's tracking commit and its PNGs (the process dies there): the
+    rerun finds the tracking done and exports what is missing."""
+    import segpipe
+    from segpipe import vos_dataset as dataset_mode
+
+    class Crash(BaseException):
+        pass
+
+    committed = dataset_mode.StreamedExport.committed
+
+    def crash_after_the_second_commit(self, direction, k):
+        if k == 1:
+            raise Crash()
+        committed(self, direction, k)
+
+    (tmp_path / "list.txt").write_text("bear\n")
+    args = dict(video_list_file=tmp_path / "list.txt", random_weights=SEED,
+                image_size=IMAGE_SIZE, chunk_size=CHUNK, device="cpu", progress=False)
+    out, work = tmp_path / "out", tmp_path / "work"
+    monkeypatch.setattr(dataset_mode.StreamedExport, "committed", crash_after_the_second_commit)
+    with pytest.raises(Crash):
+        segpipe.dataset(dataset / "JPEGImages", dataset / "Annotations", out, work, **args)
+    assert len(png_files(out / "bear")) == CHUNK  # chunk 1 tracked, not exported
+    assert ledger_count(work / "bear.zarr", "track_forward") == 2
+    monkeypatch.undo()
+    [result] = segpipe.dataset(dataset / "JPEGImages", dataset / "Annotations", out, work, **args)
+    assert result.status == "done"
+    theirs = oracles("default")[0]
+    assert assert_same_pngs(out / "bear", theirs / "bear") == VIDEOS["bear"][0]

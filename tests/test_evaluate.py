@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import ROOT, assert_user_error, segpipe
 from segpipe.errors import BadInput
-from segpipe.evaluate import (boundary_f, boundary_map, boundary_radius, dilate, evaluate,
+from segpipe.davis_eval import (boundary_f, boundary_map, boundary_radius, dilate, evaluate,
                               jaccard)
 
 PALETTE = [c for i in range(256) for c in ((i * 53) % 256, (i * 97) % 256, (i * 181) % 256)]
@@ -358,5 +358,5 @@ def test_cli_prints_the_table_and_json(tmp_path):
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, segpipe.evaluate; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, segpipe.davis_eval; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

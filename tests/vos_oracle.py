@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from segpipe.model import Weights, build_model
+from segpipe.model import MODELS, install_memory_cast
 
 
 class ToolError(Exception):
@@ -46,8 +46,18 @@ def voc_palette() -> list[int]:
 
 
 def oracle_predictor(image_size: int, seed: int, postprocessing: bool, per_obj: bool):
-    return build_model("sam2.1_hiera_t", image_size, Weights(random_seed=seed),
-                       postprocessing=postprocessing, non_overlap=not per_obj)
+    """SAM 2's predictor built as the tool builds it, with seeded random weights (the
+    weights segpipe's `--random-weights SEED` makes) and the documented CPU float32 cast
+    (README, Tracking semantics)."""
+    from sam2.build_sam import build_sam2_video_predictor
+    torch.manual_seed(seed)
+    predictor = build_sam2_video_predictor(
+        MODELS["sam2.1_hiera_t"][0], ckpt_path=None, device="cpu",
+        apply_postprocessing=postprocessing,
+        hydra_overrides_extra=[f"++model.image_size={image_size}",
+                               "++model.non_overlap_masks=" + ("false" if per_obj else "true")])
+    install_memory_cast(predictor)
+    return predictor.eval()
 
 
 def frame_stems(folder: Path) -> list[str]:

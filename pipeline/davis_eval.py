@@ -48,7 +48,7 @@ Rules, as DAVIS has them unless marked "decision":
     the scores are the ones DAVIS gives once those ids are removed (SAM 2's
     sav_dataset/utils/sav_benchmark.py also ignores them).
 
-Everything here is numpy and Pillow: `import segpipe.evaluate` does not import torch.
+Everything here is numpy and Pillow: `import segpipe.davis_eval` does not import torch.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import log
 from .errors import BadInput, SegpipeError
 from .model import DEFAULT_MODEL
+from .stages.export import make_folder
 from .vos import Layout, VideoInputs, read_inputs, video_names
 
 
@@ -99,6 +100,7 @@ class VideoRunner:
         return self.predictors[image_size]
 
     def run(self, layout: Layout, video: str) -> VideoResult:
+        from .lock import store_lock
         from .model import pick_device
         from .stages.decode import decode
         from .stages.encode import encode
@@ -109,20 +111,22 @@ class VideoRunner:
         store = self.work / f"{video}.zarr"
         out = self.out / video
         result = VideoResult(video, len(inputs.frame_names), len(inputs.object_ids))
-        if not inputs.prompts:  # tracking objects that appear later, and none ever does
-            write_empty(inputs, out, o.per_obj_png_file)
+        if not inputs.prompts:  # per-object PNGs, objects appearing later, and none ever does
+            make_folder(out)  # all the tool writes then
             return result
-        decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
-        predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
-        encode(store, o.model, o.checkpoint, o.random_seed, o.device, o.batch_size,
-               o.embedding_dtype, quiet=self.quiet, predictor=predictor, precision=o.precision)
-        exporting = StreamedExport(store, out, inputs, o.per_obj_png_file)
-        track(store, inputs.prompts, "forward", o.device, o.checkpoint, self.quiet, predictor,
-              postprocessing=o.apply_postprocessing, non_overlap=not o.per_obj_png_file,
-              score_threshold=o.score_thresh,
-              object_start="own" if o.track_object_appearing_later_in_video else "earliest",
-              on_commit=exporting.committed)
-        exporting.finish(self.quiet)
+        with store_lock(store):  # the video's stages and the export's finish, one writer
+            decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
+            predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
+            encode(store, o.model, o.checkpoint, o.random_seed, o.device, o.batch_size,
+                   o.embedding_dtype, quiet=self.quiet, predictor=predictor,
+                   precision=o.precision)
+            exporting = StreamedExport(store, out, inputs, o.per_obj_png_file)
+            track(store, inputs.prompts, "forward", o.device, o.checkpoint, self.quiet,
+                  predictor, postprocessing=o.apply_postprocessing,
+                  non_overlap=not o.per_obj_png_file, score_threshold=o.score_thresh,
+                  object_start="own" if o.track_object_appearing_later_in_video else "earliest",
+                  on_commit=exporting.committed)
+            exporting.finish(self.quiet)
         if not exporting.worked:
             result.status = "already done"
         return result
@@ -144,7 +148,7 @@ class StreamedExport:
         if self.job is None:
             self.job = Export(RunStore.open(self.store), "davis", self.out,
                               frames=f"{self.inputs.first_output}:", palette=self.palette(),
-                              per_object=self.per_object, tracking=True)
+                              per_object=self.per_object, tracking=True, name="vos")
         return self.job
 
     def palette(self) -> list[int]:
@@ -163,26 +167,6 @@ class StreamedExport:
         if not job.complete:
             self.worked = True
             job.run(quiet)
-
-
-def write_empty(inputs: VideoInputs, out: Path, per_object: bool) -> None:
-    """What the tool writes for a video without objects: all-background PNGs (none per
-    object, having no object)."""
-    import numpy as np
-    from PIL import Image
-
-    from .stages.export import _png_bytes, davis_palette, make_folder
-    from .store import atomic_write
-    make_folder(out)
-    if per_object:
-        return
-    from .frame_folder import frame_files
-    with Image.open(frame_files(inputs.frames)[0]) as first:
-        width, height = first.size
-    for name in inputs.frame_names:
-        img = Image.fromarray(np.zeros((height, width), np.uint8))
-        img.putpalette(inputs.palette or davis_palette())
-        atomic_write(out / f"{name}.png", _png_bytes(img))
 
 
 def _frame_count(layout: Layout, video: str) -> int:
