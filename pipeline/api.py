@@ -123,10 +123,18 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         direction: str | None = None, postprocessing: bool | None = None,
         non_overlap: bool | None = None, score_threshold: float | None = None,
         object_start: str | None = None,
+        keep: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
-    """Every stage in order, each resuming where it stopped: decode, encode, then (with
-    `prompts`) track and the `exports` (default: davis, vis-json, overlay; [] for none) into
-    `<store name>.export/` beside the store.
+    """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
+    with each chunk encoded just before a pass tracks it and exported (`exports`, default
+    davis, vis-json, overlay; [] for none, into `<store name>.export/` beside the store) as
+    soon as its masks are final. Without prompts: decode and encode.
+
+    `keep`: "all" (the default; re-prompting then costs no encoding: chunks no pass needed
+    are encoded at the end) or "masks" (a chunk's frames are dropped once encoded and its
+    features once every pass has tracked it, so a long video needs a few chunks of them on
+    disk; the video is then decoded twice, once to count and time its frames, and again
+    chunk by chunk as the passes need them). The setting is the store's from then on.
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -139,19 +147,42 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+    from .retention import drop, keep_setting, set_keep, sweep
+    from .stages.decode import decode as decode_stage
+    from .stages.encode import encode as encode_stage
+    from .stages.export import ExportsAsTracked
+    from .stages.track import track as track_stage
+    if keep is not None and keep not in ("all", "masks"):
+        raise BadInput(f"keep must be \"all\" or \"masks\", got {keep!r}")
+
+    def drop_frames(run_store, k):  # under --keep masks, once a chunk's frames are used
+        if (keep or keep_setting(run_store)) == "masks":
+            drop(run_store, "frames", k)
+
+    quiet = not progress
     with store_lock(store):  # the whole run, not only each stage
-        decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
-               fps=fps, force=force, progress=progress)
-        encode(store, model=model, checkpoint=checkpoint, random_weights=random_weights,
-               device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-               precision=precision, force=force, progress=progress)
+        decoded = decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=quiet,
+                               force=force, stream=stream, fps=fps,
+                               on_commit=drop_frames if prompts is not None else None)
+        set_keep(decoded, keep)
+        encoding = dict(model=model, checkpoint=checkpoint, random_seed=random_weights,
+                        device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+                        quiet=quiet, force=force, precision=precision, on_commit=drop_frames)
         if prompts is None:
+            encode_stage(store, **encoding)
             return Run(store)
-        track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
-              progress=progress, postprocessing=postprocessing, non_overlap=non_overlap,
-              score_threshold=score_threshold, object_start=object_start)
-        for fmt in exports:
-            export(store, fmt, export_folder(store) / OUTPUT_NAMES[fmt], progress=progress)
+        encode_stage(store, **encoding, chunks=[])  # the model, checked and recorded
+        exporting = ExportsAsTracked(store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f])
+                                             for f in exports])
+        track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
+                    quiet=quiet, postprocessing=postprocessing, non_overlap=non_overlap,
+                    score_threshold=score_threshold, object_start=object_start,
+                    on_commit=exporting.committed, batch_size=batch_size)
+        exporting.finish(quiet)
+        if keep_setting(decoded) == "all":  # the chunks no pass needed: re-prompting is free
+            encode_stage(store, **encoding)
+        else:  # what a crash left between a chunk's last use and its drop
+            sweep(decoded)
     return Run(store)
 
 

@@ -199,6 +199,11 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @encode_options
 @DIRECTION
 @mask_options
+@click.option("--keep", type=click.Choice(["all", "masks"]), default=None,
+              show_default="all, or the store's",
+              help="masks: drop a chunk's frames once encoded and its features once tracked, "
+                   "so hours of video fit a few chunks of them on disk (re-prompting then "
+                   "decodes and encodes again what the new passes need).")
 @click.option("--export", "exports", default="davis,vis-json,overlay",
               help="Export formats after tracking (comma list, or 'none'), into STORE's "
                    "sibling folder <store name>.export/.")
@@ -207,7 +212,7 @@ def export(store, fmt, out, frames, objects, force, quiet):
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
         batch_size, precision, embedding_dtype, direction, postprocessing, non_overlap,
-        score_threshold, object_start, exports, device, force, quiet):
+        score_threshold, object_start, keep, exports, device, force, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped.
 
     \b
@@ -222,7 +227,7 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
                 checkpoint=checkpoint, random_weights=random_seed, device=device,
                 batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
                 direction=direction, postprocessing=postprocessing, non_overlap=non_overlap,
-                score_threshold=score_threshold, object_start=object_start,
+                score_threshold=score_threshold, object_start=object_start, keep=keep,
                 exports=formats, force=force, progress=not quiet)
 
 

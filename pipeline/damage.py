@@ -10,9 +10,11 @@ from . import log
 from .chunks import ChunkPlan, pass_chunks, passes, untracked_chunks
 from .errors import DamagedStore, SegpipeError
 from .lock import holds_store_lock
+from .retention import DROPPABLE, dropped
 from .store import TRACK_ARRAYS, RunStore
 
 FRAME_ARRAYS = {"frames": "decode", "pts": "decode", "timestamps": "decode",
+                "frame_digests": "decode",
                 "features/level0": "encode", "features/level1": "encode",
                 "features/level2": "encode"}
 UNTRACKED = "untracked"  # chunks no pass reaches: rewritten as untracked, no ledger of their own
@@ -46,11 +48,18 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     def is_done(stage, k):  # one read of each ledger for the whole scan
         return k < len(done[stage]) and done[stage][k]
 
+    gone = {what: dropped(store, what).done() for what in DROPPABLE}
+    kept = {name: what for what, names in DROPPABLE.items() for name in names}
+
+    def was_dropped(name, k):  # dropped on purpose (`--keep masks`): not damage
+        what = kept.get(name)
+        return what is not None and k < len(gone[what]) and gone[what][k]
+
     for name, stage in FRAME_ARRAYS.items():
         if store.array(name) is None:
             continue
         for k in range(len(done[stage])):
-            if is_done(stage, k) and not _check(store, name, k, found):
+            if is_done(stage, k) and not was_dropped(name, k) and not _check(store, name, k, found):
                 redo.setdefault(stage, set()).add(k)
     track = store.attrs.get("track")
     if track is None:

@@ -192,8 +192,25 @@ class ObjectScore:
     f: float  # mean F over the scored frames
 
 
+class ObjectMeans:
+    """J-Mean, F-Mean and J&F-Mean over `self.objects`: a video's, or (DAVIS's figures)
+    all objects of all videos, not a mean of video means."""
+
+    @property
+    def j_mean(self) -> float:
+        return _mean([o.j for o in self.objects])
+
+    @property
+    def f_mean(self) -> float:
+        return _mean([o.f for o in self.objects])
+
+    @property
+    def jf_mean(self) -> float:
+        return (self.j_mean + self.f_mean) / 2
+
+
 @dataclass(frozen=True)
-class VideoScore:
+class VideoScore(ObjectMeans):
     name: str
     frames_scored: int
     objects: tuple[ObjectScore, ...]
@@ -204,41 +221,15 @@ class VideoScore:
     def num_objects(self) -> int:
         return len(self.objects)
 
-    @property
-    def j_mean(self) -> float:
-        return _mean([o.j for o in self.objects])
-
-    @property
-    def f_mean(self) -> float:
-        return _mean([o.f for o in self.objects])
-
-    @property
-    def jf_mean(self) -> float:
-        return (self.j_mean + self.f_mean) / 2
-
 
 @dataclass(frozen=True)
-class Report:
+class Report(ObjectMeans):
     videos: tuple[VideoScore, ...]
     layout: str = "indexed"  # or "per-object"
 
     @property
     def objects(self) -> list[ObjectScore]:
         return [o for v in self.videos for o in v.objects]
-
-    @property
-    def j_mean(self) -> float:
-        """DAVIS's J-Mean: the mean over all objects of all videos."""
-        return _mean([o.j for o in self.objects])
-
-    @property
-    def f_mean(self) -> float:
-        return _mean([o.f for o in self.objects])
-
-    @property
-    def jf_mean(self) -> float:
-        """DAVIS's J&F-Mean: (J-Mean + F-Mean) / 2."""
-        return (self.j_mean + self.f_mean) / 2
 
     def to_dict(self) -> dict:
         def num(x):

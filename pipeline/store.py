@@ -458,7 +458,8 @@ class Ledger:
 TRACK_ARRAYS = ("masks", "object_scores", "tracked")
 
 STAGE_OUTPUTS = {
-    "encode": {"arrays": ["features"], "ledgers": ["encode"], "attrs": ["model"]},
+    "encode": {"arrays": ["features"], "ledgers": ["encode", "dropped_features"],
+               "attrs": ["model"]},
     "track": {"arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
               "ledgers": ["track_forward", "track_reverse"], "attrs": ["track"]},
     "export": {"arrays": [], "ledgers": ["export_davis", "export_vis-json", "export_overlay",

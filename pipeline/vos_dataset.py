@@ -120,7 +120,10 @@ class VideoRunner:
             encode(store, o.model, o.checkpoint, o.random_seed, o.device, o.batch_size,
                    o.embedding_dtype, quiet=self.quiet, predictor=predictor,
                    precision=o.precision)
-            exporting = StreamedExport(store, out, inputs, o.per_obj_png_file)
+            from .stages.export import ExportsAsTracked, davis_palette
+            exporting = ExportsAsTracked(store, [dict(
+                fmt="davis", out=out, frames=f"{inputs.first_output}:", name="vos",
+                palette=inputs.palette or davis_palette(), per_object=o.per_obj_png_file)])
             track(store, inputs.prompts, "forward", o.device, o.checkpoint, self.quiet,
                   predictor, postprocessing=o.apply_postprocessing,
                   non_overlap=not o.per_obj_png_file, score_threshold=o.score_thresh,
@@ -130,43 +133,6 @@ class VideoRunner:
         if not exporting.worked:
             result.status = "already done"
         return result
-
-
-class StreamedExport:
-    """The video's output PNGs, exported chunk by chunk as the forward pass commits them,
-    then whatever is left (chunks no pass visits, a crash between a chunk's commit and its
-    export) and the record that the export is complete."""
-
-    def __init__(self, store: Path, out: Path, inputs: VideoInputs, per_object: bool):
-        self.store, self.out, self.inputs, self.per_object = store, out, inputs, per_object
-        self.job = None
-        self.worked = False  # a chunk tracked or exported by this run
-
-    def open(self):
-        from .stages.export import Export
-        from .store import RunStore
-        if self.job is None:
-            self.job = Export(RunStore.open(self.store), "davis", self.out,
-                              frames=f"{self.inputs.first_output}:", palette=self.palette(),
-                              per_object=self.per_object, tracking=True, name="vos")
-        return self.job
-
-    def palette(self) -> list[int]:
-        from .stages.export import davis_palette
-        return self.inputs.palette or davis_palette()
-
-    def committed(self, direction: str, k: int) -> None:
-        self.worked = True
-        job = self.open()
-        if k in job.chunks and k in job.todo():
-            job.chunk(k)
-
-    def finish(self, quiet: bool) -> None:
-        """Export what is left, and record the export complete."""
-        job = self.open()
-        if not job.complete:
-            self.worked = True
-            job.run(quiet)
 
 
 def _frame_count(layout: Layout, video: str) -> int:

@@ -6,6 +6,7 @@ are held (the one being filled and the one being written).
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from segpipe.chunks import ChunkPlan
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.lock import holds_store_lock
+from segpipe.retention import has, restored
 from segpipe.store import RunStore, file_identity, same_file
 from segpipe.video import DecodeError, is_damage, iter_frames, probe, video_streams
 from segpipe import log
@@ -92,7 +94,9 @@ def check_store(store: RunStore, video: Path, chunk_size, image_size, stream=Non
 @holds_store_lock
 def decode(video: Path, store_path: Path, chunk_size: int | None = None,
            image_size: int | None = None, quiet: bool = False, force: bool = False,
-           stream: int | None = None, fps: float | None = None) -> RunStore:
+           stream: int | None = None, fps: float | None = None, on_commit=None) -> RunStore:
+    """Decode `video` into the store, resuming an unfinished decode; `on_commit(store, k)` is
+    called after each chunk is committed (`run --keep masks` drops its frames then)."""
     store = open_or_create_store(video, store_path, chunk_size, image_size, force, stream, fps)
     if "frame_count" in store.attrs:
         plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
@@ -108,18 +112,27 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
     times = store.ensure_array("timestamps", (start,), (C,), "float64", fill_value=np.nan)
+    digests = (store.ensure_array("frame_digests", (start, DIGEST), (C, DIGEST), "uint8")
+               if start == 0 or store.array("frame_digests") is not None else None)
 
     claimed = store.attrs["video"]["claimed_frames"]
     broke_off = None
 
+    arrays = [a for a in (frames, pts_arr, times, digests) if a is not None]
+    names = ["frames", "pts", "timestamps"] + (["frame_digests"] if digests is not None else [])
+
     def write(k: int, chunk: np.ndarray, chunk_pts: list, chunk_times: list) -> None:
         lo, n = k * C, len(chunk)
-        for arr in (frames, pts_arr, times):
+        for arr in arrays:
             arr.resize((lo + n, *arr.shape[1:]))
         frames[lo:lo + n] = chunk
         pts_arr[lo:lo + n] = chunk_pts
         times[lo:lo + n] = chunk_times
-        store.commit(STAGE, k, ["frames", "pts", "timestamps"])
+        if digests is not None:
+            digests[lo:lo + n] = frame_digests(chunk)
+        store.commit(STAGE, k, names)
+        if on_commit is not None:
+            on_commit(store, k)
 
     # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a small pool and
     # each finished chunk is compressed and written behind, so at most two chunks are held.
@@ -171,6 +184,16 @@ def decode(video: Path, store_path: Path, chunk_size: int | None = None,
     return store
 
 
+DIGEST = 16  # bytes of a frame's digest
+
+
+def frame_digests(frames: np.ndarray) -> np.ndarray:
+    """(N, DIGEST) uint8: each model input's BLAKE2b digest. A chunk whose frames were
+    dropped (see `retention`) is found again in the source by its pts and these."""
+    return np.stack([np.frombuffer(hashlib.blake2b(f.tobytes(), digest_size=DIGEST).digest(),
+                                   np.uint8) for f in frames])
+
+
 def model_input(picture, size: int) -> np.ndarray:
     """RGB, upright, resized to the model's square input with PIL's default filter, as SAM
     2's frame loader does."""
@@ -197,36 +220,76 @@ def source_from(store: RunStore, video: Path, start: int):
         pts = store.read("pts", max(0, start - 2), start)
         if len(pts) < 2 or pts[0] < pts[1]:
             before = int(pts[-1])
-            stored = store.read("frames", start - 1, start)[0]
             S = store.attrs["image_size"]
-
-            check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
+            if has(store, "frames", (start - 1) // store.attrs["chunk_size"]):
+                stored = store.read("frames", start - 1, start)[0]
+                check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
+            else:  # the frames were dropped: their digests stay
+                digest = store.read("frame_digests", start - 1, start)[0]
+                check = lambda picture: np.array_equal(  # noqa: E731
+                    frame_digests(model_input(picture, S)[None])[0], digest)
     frames = iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
     if attrs.get("kind") == "frames":  # a folder's frame t is at t / fps, the store's setting
         return ((t, t / attrs["fps"], picture) for t, _, picture in frames)
     return frames
 
 
-def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
-    """Decode again exactly these chunks of a completely decoded store (repair)."""
-    S = store.attrs["image_size"]
-    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
-    for k in chunks:
-        lo, hi = plan.bounds(k)
+def stored_source(store: RunStore) -> Path:
+    """The video the store was made from, which must still be there, unchanged: decoding
+    dropped or damaged chunks again reads it."""
+    source = Path(store.attrs["source"]["path"])
+    if not source.exists():
+        raise BadInput(f"the source video {source} is gone: chunks whose frames are not in "
+                       f"the store cannot be decoded again")
+    if not same_file(store.attrs["source"], source):
+        raise BadInput(f"the source video {source} changed since it was decoded: chunks "
+                       f"whose frames are not in the store cannot be decoded again")
+    return source
+
+
+class Redecoder:
+    """Decodes chunks of a completely decoded store again (repair; chunks whose frames were
+    dropped), reading on from one open decoder while the chunks asked for are consecutive."""
+
+    def __init__(self, store: RunStore, video: Path):
+        self.store, self.video = store, video
+        self.S = store.attrs["image_size"]
+        self.plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+        self.stream, self.next_frame = None, None
+
+    def chunk(self, k: int, quiet: bool = True) -> None:
+        lo, hi = self.plan.bounds(k)
+        if self.next_frame != lo:
+            self.stream = source_from(self.store, self.video, lo)
+        self.next_frame = None  # until this chunk is read whole
         frames, pts, times = [], [], []
-        for p, seconds, picture in source_from(store, video, lo):
-            frames.append(model_input(picture, S))
+        for p, seconds, picture in self.stream:
+            frames.append(model_input(picture, self.S))
             pts.append(-1 if p is None else p)
             times.append(seconds)
             if len(frames) == hi - lo:
                 break
         if len(frames) != hi - lo:
-            raise BadInput(f"cannot decode frames {lo}..{hi - 1} of {video} again")
-        store.array("frames")[lo:hi] = np.stack(frames)
-        store.array("pts")[lo:hi] = pts
-        store.array("timestamps")[lo:hi] = times
-        store.commit(STAGE, k, ["frames", "pts", "timestamps"])
+            raise BadInput(f"cannot decode frames {lo}..{hi - 1} of {self.video} again")
+        self.next_frame = hi
+        frames = np.stack(frames)
+        self.store.array("frames")[lo:hi] = frames
+        self.store.array("pts")[lo:hi] = pts
+        self.store.array("timestamps")[lo:hi] = times
+        written = ["frames", "pts", "timestamps"]
+        if self.store.array("frame_digests") is not None:
+            self.store.array("frame_digests")[lo:hi] = frame_digests(frames)
+            written.append("frame_digests")
+        self.store.commit(STAGE, k, written)
+        restored(self.store, "frames", k)
         log.info(f"decode: chunk {k} (frames {lo}..{hi - 1}) decoded again", quiet)
+
+
+def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:
+    """Decode again exactly these chunks of a completely decoded store (repair)."""
+    redecoder = Redecoder(store, video)
+    for k in chunks:
+        redecoder.chunk(k, quiet)
 
 
 def _truncation_note(total: int, last_time: float, video: dict, broke_off: str | None) -> str | None:

@@ -19,6 +19,7 @@ from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
 from segpipe.model import (DEFAULT_MODEL, autocast, build_model, pick_device, pick_precision,
                            resolve_weights)
 from segpipe.lock import holds_store_lock
+from segpipe.retention import has, restored
 from segpipe.store import RunStore, reset_from
 
 STAGE = "encode"
@@ -91,7 +92,10 @@ def require_decoded(store: RunStore) -> int:
 def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
-           force: bool = False, precision: str | None = None) -> RunStore:
+           force: bool = False, precision: str | None = None, on_commit=None,
+           chunks: list[int] | None = None) -> RunStore:
+    """Encode every decoded chunk not yet encoded (or only `chunks`); `on_commit(store, k)`
+    is called after each chunk is committed (`run --keep masks` drops its frames then)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -113,31 +117,26 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         log.info(f"encode: starting over ({mismatch.message})", quiet)
         reset_from(store, "encode")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
-    todo = store.ledger(STAGE).todo(plan)
+    todo = store.ledger(STAGE).todo(plan if chunks is None else chunks)
     if "model" not in store.attrs:
         store.set_attrs(model=spec)
     if weights.random_seed is not None:
         log.warn("random weights: embeddings and masks from them mean nothing")
     if not todo:
-        log.info("encode: already complete", quiet)
+        if chunks is None:
+            log.info("encode: already complete", quiet)
         return store
     if predictor is None:
         predictor = build_model(model, store.attrs["image_size"], weights, pick_device(device))
+    frames_of = FramesOnDisk(store)
+
     def read(k):
-        return k, store.read("frames", *plan.bounds(k))
+        return k, frames_of(k)
 
     def write(k, levels, kinds):
-        lo, hi = plan.bounds(k)
-        for name, feats, (layout, computed, stored) in zip(LEVELS, levels, kinds):
-            arr = store.array(name)
-            if arr is None:  # shapes are known once the model has produced them
-                arr = store.create_array(name, (T, *feats.shape[1:]), (plan.chunk_size, *feats.shape[1:]),
-                                         feats.dtype, compress=False,
-                                         attributes={"embedding_dtype": stored,
-                                                     "torch_dtype": computed,
-                                                     "memory_format": layout})
-            arr[lo:hi] = feats
-        store.commit(STAGE, k, list(LEVELS))
+        write_features(store, k, levels, kinds)
+        if on_commit is not None:
+            on_commit(store, k)
 
     todo_frames = sum(hi - lo for lo, hi in map(plan.bounds, todo))
     # One chunk read ahead and one written behind while the current one is encoded.
@@ -158,6 +157,53 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         pending_write.result()
     log.info(f"encode: {T} frames embedded in {store.path}", quiet)
     return store
+
+
+class FramesOnDisk:
+    """Chunk k's model-input frames, decoded again from the source first where they were
+    dropped (`retention`)."""
+
+    def __init__(self, store: RunStore):
+        self.store, self.redecoder = store, None
+        self.plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+
+    def __call__(self, k: int) -> np.ndarray:
+        if not has(self.store, "frames", k):
+            if self.redecoder is None:
+                from segpipe.stages.decode import Redecoder, stored_source
+                self.redecoder = Redecoder(self.store, stored_source(self.store))
+            self.redecoder.chunk(k)
+        return self.store.read("frames", *self.plan.bounds(k))
+
+
+def write_features(store: RunStore, k: int, levels, kinds) -> None:
+    """Write chunk k's levels and commit it (the arrays are made with the first chunk:
+    shapes are known once the model has produced them)."""
+    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+    lo, hi = plan.bounds(k)
+    for name, feats, (layout, computed, stored) in zip(LEVELS, levels, kinds):
+        arr = store.array(name)
+        if arr is None:
+            arr = store.create_array(name, (plan.num_frames, *feats.shape[1:]),
+                                     (plan.chunk_size, *feats.shape[1:]), feats.dtype,
+                                     compress=False,
+                                     attributes={"embedding_dtype": stored,
+                                                 "torch_dtype": computed,
+                                                 "memory_format": layout})
+        arr[lo:hi] = feats
+    store.commit(STAGE, k, list(LEVELS))
+    restored(store, "features", k)
+
+
+def encode_chunk(store: RunStore, predictor, k: int, frames_of: FramesOnDisk,
+                 batch_size: int = 1) -> None:
+    """Encode chunk k (again, where its features were dropped) as the stage encodes it: the
+    store's embedding dtype and precision."""
+    spec = store.attrs["model"]
+    frames = frames_of(k)
+    levels, kinds = encode_frames(predictor, frames, batch_size, spec["embedding_dtype"],
+                                  spec.get("precision", "float32"))
+    write_features(store, k, levels, kinds)
 
 
 def memory_format(x: torch.Tensor) -> str:

@@ -543,6 +543,48 @@ class Export:
         remove_parts(self.out)  # only now: until the record says complete, finish may need them
 
 
+class ExportsAsTracked:
+    """Exports made chunk by chunk while the tracking runs (`track`'s `on_commit`): a chunk
+    is exported once every pass that visits it has committed it, so results appear as the
+    run goes and a crash costs at most the chunk in flight. `finish` exports what is left
+    (chunks no pass visits; a chunk tracked just before a crash) and records each export
+    complete. `requests`: each export's `Export` arguments (format, out, ...)."""
+
+    def __init__(self, store_path, requests: list[dict]):
+        self.store_path, self.requests = Path(store_path), requests
+        self.jobs = None
+        self.worked = False  # a chunk tracked or exported while this ran
+
+    def open(self) -> list[Export]:
+        if self.jobs is None:
+            store = RunStore.open(self.store_path)
+            self.jobs = [Export(store, tracking=True, **r) for r in self.requests]
+            track = stored_track(store)
+            plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+            self.visited = {d: set(pass_chunks(plan, d, track["start_frame"]))
+                            for d in passes(track["direction"])}
+            self.committed_chunks = {d: set(np.nonzero(store.ledger(f"track_{d}").done())[0].tolist())
+                                     for d in self.visited}
+        return self.jobs
+
+    def committed(self, direction: str, k: int) -> None:
+        self.worked = True
+        jobs = self.open()
+        self.committed_chunks[direction].add(k)
+        if all(k in self.committed_chunks[d] for d, chunks in self.visited.items() if k in chunks):
+            for job in jobs:
+                if k in job.chunks and k in job.todo():
+                    job.chunk(k)
+
+    def finish(self, quiet: bool) -> list[Path]:
+        for job in self.open():
+            if not job.complete:
+                self.worked = True
+                job.run(quiet)
+                log.info(f"export {job.fmt}: {job.out}", quiet)
+        return [job.out for job in self.jobs]
+
+
 @holds_store_lock
 def export(store_path, fmt: str, out, frames: str | None = None, objects: str | None = None,
            quiet: bool = False, force: bool = False, palette=None,

@@ -33,6 +33,9 @@ from segpipe.track_settings import ABSENT_LOGIT, OPTIONS, pick_options, stored_s
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
                            restore_layout)
 from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+from segpipe.stages.decode import stored_source
+from segpipe.stages.supply import ChunkSupply, pass_todo, say_cost
+from segpipe.retention import on_disk
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -143,7 +146,7 @@ class Tracker:
 
     def __init__(self, predictor, store: RunStore, plan: ChunkPlan, direction: str,
                  prompts: list, features: StoredFeatures, maskmem_pos_enc: torch.Tensor,
-                 options: dict = OPTIONS, on_commit=None):
+                 options: dict = OPTIONS, on_commit=None, supply=None):
         self.predictor, self.store, self.plan = predictor, store, plan
         self.direction, self.reverse = direction, direction == "reverse"
         self.prompts, self.features, self.pos = prompts, features, [maskmem_pos_enc]
@@ -158,7 +161,7 @@ class Tracker:
         for p in prompts:
             firsts[p.object_id] = min(p.frame, firsts.get(p.object_id, p.frame))
         self.first = [firsts[i] if self.own else 0 for i in self.ids]
-        self.on_commit = on_commit
+        self.on_commit, self.supply = on_commit, supply
         self.reach = Reach.of(predictor, plan.num_frames)
         S = predictor.image_size
         self.memstore = MemoryStore(store, direction, self.reach, len(self.ids), plan.num_chunks,
@@ -182,11 +185,15 @@ class Tracker:
         state = memory = after = None
         with log.progress(f"track {self.direction}", total, quiet) as bar:
             for k in todo:
+                if self.supply is not None:
+                    self.supply.ensure(k)
                 before = previous.get(k)
                 if state is None or after != before:
                     state, memory = self.restore(before)
                 self.track_chunk(k, state, memory, owned, bar)
                 after = k
+        if self.supply is not None:
+            self.supply.finished(self.direction)
 
     def restore(self, before: int | None) -> tuple[dict, TrackerMemory]:
         """A fresh SAM 2 state holding the memory as it was after chunk `before` (None: the
@@ -196,7 +203,12 @@ class Tracker:
         state = new_state(self.predictor, self.plan.num_frames, self.height, self.width,
                           self.features, self.pos[0])
         if before is None:
+            prompt_chunks = sorted({self.plan.chunk_of(p.frame) for p in self.prompts})
+            for k in prompt_chunks if self.supply is not None else ():
+                self.supply.ensure(k)
             apply_prompts(self.predictor, state, self.prompts)
+            if self.supply is not None:
+                self.supply.prompted(self.direction)
             for o, obj in enumerate(memory.objects):
                 cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
                 obj.prompted = {t: FrameOutput.from_sam2(out, keep_logits=True)
@@ -224,7 +236,7 @@ class Tracker:
         lo, hi = self.plan.bounds(k)
         frames = pass_frames_in(self.direction, self.start, lo, hi)
         self.features.load(lo, hi)
-        if k in self.after:
+        if k in self.after and (self.supply is None or self.supply.has(self.after[k])):
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
         O = len(memory.objects)
         # Masks go to a (pinned, on CUDA) host buffer as each frame is done, asynchronously;
@@ -297,6 +309,8 @@ class Tracker:
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
+        if self.supply is not None:
+            self.supply.release(self.direction, k)
         if self.on_commit is not None:
             self.on_commit(self.direction, k)
 
@@ -363,12 +377,14 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
           checkpoint: str | None = None, quiet: bool = False, predictor=None,
           force: bool = False, postprocessing: bool | None = None,
           non_overlap: bool | None = None, score_threshold: float | None = None,
-          object_start: str | None = None, on_commit=None) -> RunStore:
+          object_start: str | None = None, on_commit=None, batch_size: int = 1) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     prompts stored by the last track, resuming or repairing whatever is not done.
 
     Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
-    called after each chunk a pass commits (the dataset command exports it then)."""
+    called after each chunk a pass commits (`run` and the dataset command export it then).
+    Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
+    encoded as the passes reach them, in `batch_size` frames (see `supply`)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
@@ -376,8 +392,8 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     spec = store.attrs.get("model")
-    if spec is None or store.ledger("encode").count() < plan.num_chunks:
-        raise StoreNotReady(f"store {store.path} is not fully encoded yet (run `segpipe encode`)")
+    if spec is None:
+        raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
     prompts = (stored_prompts(store) if prompts is None
                else prompt_file.load(prompts, T, video["width"], video["height"]))
@@ -397,8 +413,11 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         wanted = {k: options[k] for k in made}
         if made != wanted:
             raise BadInput(f"the predictor given was built with {made}, the tracking asks for {wanted}")
-    prepare(store, prompts, direction, options, force, quiet)
     start = min(p.frame for p in prompts)
+    needed = {d: pass_chunks(plan, d, start) for d in passes(direction)}
+    if not set(ChunkSupply.missing(store, needed)) <= on_disk(store, "frames"):
+        stored_source(store)  # before anything changes: the source must be there
+    prepare(store, prompts, direction, options, force, quiet)
     pending = [d for d in passes(direction)
                if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, start))]
     if not pending:
@@ -408,11 +427,17 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device),
                                 postprocessing=options["postprocessing"],
                                 non_overlap=options["non_overlap"])
+    todo = pass_todo(store, plan, pending, start)
+    say_cost(store, plan, ChunkSupply.missing(store, todo), quiet)
+    starts = {d: bool(todo[d]) and todo[d][0] == pass_chunks(plan, d, start)[0] for d in todo}
+    supply = ChunkSupply(store, predictor, todo, starts,
+                         sorted({plan.chunk_of(p.frame) for p in prompts}), batch_size)
+    supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
     vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
     features = StoredFeatures(store, predictor.device, vision_pos)
     for d in pending:
         tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos, options,
-                          on_commit)
+                          on_commit, supply)
         # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
         with autocast(predictor.device.type, precision), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")

@@ -292,12 +292,12 @@ def test_a_chunk_tracked_but_not_exported_is_exported_on_rerun(dataset, oracles,
     """A crash between a chunk's tracking commit and its PNGs (the process dies there): the
     rerun finds the tracking done and exports what is missing."""
     import segpipe
-    from segpipe import vos_dataset as dataset_mode
 
     class Crash(BaseException):
         pass
 
-    committed = dataset_mode.StreamedExport.committed
+    from segpipe.stages.export import ExportsAsTracked
+    committed = ExportsAsTracked.committed
 
     def crash_after_the_second_commit(self, direction, k):
         if k == 1:
@@ -308,7 +308,7 @@ def test_a_chunk_tracked_but_not_exported_is_exported_on_rerun(dataset, oracles,
     args = dict(video_list_file=tmp_path / "list.txt", random_weights=SEED,
                 image_size=IMAGE_SIZE, chunk_size=CHUNK, device="cpu", progress=False)
     out, work = tmp_path / "out", tmp_path / "work"
-    monkeypatch.setattr(dataset_mode.StreamedExport, "committed", crash_after_the_second_commit)
+    monkeypatch.setattr(ExportsAsTracked, "committed", crash_after_the_second_commit)
     with pytest.raises(Crash):
         segpipe.dataset(dataset / "JPEGImages", dataset / "Annotations", out, work, **args)
     assert len(png_files(out / "bear")) == CHUNK  # chunk 1 tracked, not exported

@@ -1,0 +1,132 @@
+"""`run --keep masks`: frames and features dropped as the run goes, same masks, resumable,
+and re-prompting decodes and encodes again exactly what the new passes need."""
+import json
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import (EncoderCalls, assert_user_error, ledger_count, popen_segpipe, read_checked,
+                      run_args, same_values, segpipe, tree_digest, wait_for)
+
+STAGES = ["decode", "encode", "track_forward", "track_reverse", "export_davis",
+          "export_vis-json", "export_overlay"]
+
+
+def chunk_files(store: Path, name: str) -> list[str]:
+    folder = store / name / "c"
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) \
+        if folder.is_dir() else []
+
+
+def export_files(store: Path) -> dict:
+    return tree_digest(store.with_name(store.name.removesuffix(".zarr") + ".export"))
+
+
+def assert_same_results(a: Path, b: Path) -> None:
+    for name in ("masks", "object_scores", "tracked"):
+        assert same_values(read_checked(a, name), read_checked(b, name)), name
+    assert export_files(a) == export_files(b)
+
+
+@pytest.fixture(scope="module")
+def keep_all(small, tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("all") / "run.zarr"
+    segpipe(*run_args(small, store), "--keep", "all", "--quiet", check=True)
+    return store
+
+
+@pytest.fixture(scope="module")
+def keep_masks(small, tmp_path_factory) -> Path:
+    store = tmp_path_factory.mktemp("masks") / "run.zarr"
+    segpipe(*run_args(small, store), "--keep", "masks", "--quiet", check=True)
+    return store
+
+
+def test_keep_masks_drops_frames_and_features_and_gives_the_same_masks(keep_all, keep_masks):
+    assert_same_results(keep_all, keep_masks)
+    assert chunk_files(keep_all, "frames") and chunk_files(keep_all, "features/level2")
+    for name in ("frames", "features/level0", "features/level1", "features/level2"):
+        assert chunk_files(keep_masks, name) == [], name
+    # what stays: pts, timestamps, digests, masks, memory
+    assert chunk_files(keep_masks, "pts") == chunk_files(keep_all, "pts")
+    assert chunk_files(keep_masks, "masks") == chunk_files(keep_all, "masks")
+    # dropped is not damaged
+    proc = segpipe("repair", "--store", keep_masks, check=True)
+    assert "no damage" in proc.stderr.lower(), proc.stderr
+
+
+def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
+    """kill -9 at seeded random moments of a `--keep masks` run (each landing while the run
+    is working: its ledgers moved since it started); the rerun ends with the same masks
+    and exports as an uninterrupted `--keep all` run."""
+    rng = random.Random(3)
+    store = tmp_path / "run.zarr"
+    total = sum(ledger_count(keep_all, s) for s in STAGES)
+
+    def progress():
+        return sum(ledger_count(store, s) for s in STAGES) + ledger_count(store, "dropped_features")
+
+    killed = 0
+    for target in sorted(rng.randint(1, total - 2) for _ in range(4)):
+        before = progress()
+        proc = popen_segpipe(*run_args(small, store), "--keep", "masks")
+        wait_for(lambda: progress() >= max(target, before + 1), proc, timeout=300)
+        time.sleep(rng.uniform(0, 0.2))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed += 1
+    assert killed >= 3
+    segpipe(*run_args(small, store), "--keep", "masks", "--quiet", check=True)
+    assert_same_results(keep_all, store)
+    for name in ("frames", "features/level2"):
+        assert chunk_files(store, name) == [], name
+
+
+def test_new_prompts_on_a_dropped_store_reencode_only_what_the_passes_need(small, keep_masks,
+                                                                            tmp_path):
+    """New prompts (one object on frame 17, forward) on a `--keep masks` store: the chunks
+    of frames 16..23 are decoded and encoded again, nothing else; the masks are those of a
+    fresh `--keep all` run with the same prompts."""
+    from segpipe.model import Weights, build_model
+    from segpipe.stages.track import track
+    store = tmp_path / "masks.zarr"
+    shutil.copytree(keep_masks, store)
+    prompts = tmp_path / "new.json"
+    prompts.write_text(json.dumps({"prompts": [
+        {"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]}))
+    predictor = build_model("sam2.1_hiera_t", 128, Weights(random_seed=0))
+    calls = EncoderCalls(predictor)
+    try:
+        track(store, prompts, "forward", quiet=True, predictor=predictor)
+    finally:
+        calls.close()
+    assert calls.count == 24 - 16  # chunks 4 and 5 (chunk size 4): frames 16..23, once each
+    fresh = tmp_path / "fresh.zarr"
+    segpipe("run", small / "clip.mp4", "--store", fresh, "--prompts", prompts, "--direction",
+            "forward", "--chunk-size", 4, "--image-size", 128, "--random-weights", 0,
+            "--export", "none", "--quiet", check=True)
+    for name in ("masks", "object_scores", "tracked"):
+        assert same_values(read_checked(store, name), read_checked(fresh, name)), name
+    for name in ("frames", "features/level2"):
+        assert chunk_files(store, name) == [], name  # dropped again after use
+
+
+def test_retracking_without_the_source_refuses_in_one_line(small, keep_masks, tmp_path):
+    video = tmp_path / "clip.mp4"
+    shutil.copy(small / "clip.mp4", video)
+    store = tmp_path / "run.zarr"
+    segpipe("run", video, "--store", store, "--prompts", small / "prompts.json", "--keep", "masks",
+            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0, "--export", "none",
+            "--quiet", check=True)
+    video.unlink()
+    before = tree_digest(store)
+    proc = segpipe("track", "--store", store, "--prompts", small / "prompts.json",
+                   "--direction", "forward")
+    assert_user_error(proc, "source video", "gone")
+    assert tree_digest(store) == before
