@@ -110,7 +110,7 @@ def test_every_error_class(api_run, clip_dir, tmp_path):
         api_run.masks(objects=[9])
     decoded = tmp_path / "d.zarr"
     segpipe.decode(clip_dir / "clip.mp4", decoded, chunk_size=8, image_size=32, progress=False)
-    with pytest.raises(segpipe.StoreNotReady, match="not fully encoded"):
+    with pytest.raises(segpipe.StoreNotReady, match="not encoded yet"):
         segpipe.track(decoded, clip_dir / "prompts.json", progress=False)
     with pytest.raises(segpipe.StoreNotReady, match="no tracking results"):
         segpipe.open(decoded).masks()
