@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import BadInput
+from .estimate import Later, SpaceGuard
 from .model import DEFAULT_MODEL
 from .results import Run
+from .store import RunStore
 
 
 def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
@@ -27,7 +29,7 @@ def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
 
 def decode(video, store, *, chunk_size: int | None = None, image_size: int | None = None,
            stream: int | None = None, fps: float | None = None, force: bool = False,
-           progress: bool = True) -> Run:
+           space_check: bool = True, progress: bool = True) -> Run:
     """Decode `video` (a video file, or a folder of JPEG/PNG frames named by number, as SAM 2
     reads them) into the store's model-input frames, upright (a phone's rotation applied).
 
@@ -36,19 +38,24 @@ def decode(video, store, *, chunk_size: int | None = None, image_size: int | Non
     (default: the container's default); `fps` a frame folder's rate (default 24). `force`
     starts over a store made from another video or with other settings instead of refusing.
 
+    Before writing, the storage estimate is shown (see `segpipe.estimate`) and, with
+    `space_check`, `NotEnoughSpace` is raised when the store's file system has less free
+    space than the frames need.
+
     Example:
         >>> segpipe.decode("clip.mp4", "clip.zarr", chunk_size=32, image_size=1024)
     """
     from .stages.decode import decode as decode_stage
+    space = SpaceGuard(store, ("decode",), "decode", enabled=space_check, quiet=not progress)
     decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress,
-                 force=force, stream=stream, fps=fps)
+                 force=force, stream=stream, fps=fps, space=space)
     return Run(store)
 
 
 def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_weights: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", precision: str | None = None, force: bool = False,
-           progress: bool = True) -> Run:
+           space_check: bool = True, progress: bool = True) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
 
     `precision`: "bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs (the
@@ -57,13 +64,18 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
     Weights: `checkpoint` (an official checkpoint file, or "hf:facebook/sam2.1-hiera-tiny")
     or `random_weights=SEED` (tests and demos only: masks mean nothing).
 
+    Before writing, the storage estimate is shown and, with `space_check`, `NotEnoughSpace`
+    is raised when the store's file system has less free space than the features need.
+
     Example:
         >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
     """
     from .stages.encode import encode as encode_stage
+    space = SpaceGuard(store, ("decode", "encode"), "encode", enabled=space_check,
+                       quiet=not progress)
     encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
                  device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                 quiet=not progress, force=force, precision=precision)
+                 quiet=not progress, force=force, precision=precision, space=space)
     return Run(store)
 
 
@@ -123,10 +135,15 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         direction: str | None = None, postprocessing: bool | None = None,
         non_overlap: bool | None = None, score_threshold: float | None = None,
         object_start: str | None = None,
-        exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
+        exports: Sequence[str] | None = None, force: bool = False, space_check: bool = True,
+        progress: bool = True) -> Run:
     """Every stage in order, each resuming where it stopped: decode, encode, then (with
     `prompts`) track and the `exports` (default: davis, vis-json, overlay; [] for none) into
     `<store name>.export/` beside the store.
+
+    Before the first write, the storage estimate of the whole store is shown (memory and
+    masks for the prompts' objects) and, with `space_check`, `NotEnoughSpace` is raised when
+    the store's file system has less free space than the run still needs.
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -139,14 +156,21 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
+    from .stages.decode import decode as decode_stage
+    from .stages.encode import encode as encode_stage
+    stages = ("decode", "encode") + (("track",) if prompts is not None else ())
+    later = Later(embedding_dtype, precision, prompts, direction, object_start,
+                  len(exports) if prompts is not None else 0, device)
+    space = SpaceGuard(store, stages, "run", later, enabled=space_check, quiet=not progress)
     with store_lock(store):  # the whole run, not only each stage
-        decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
-               fps=fps, force=force, progress=progress)
-        encode(store, model=model, checkpoint=checkpoint, random_weights=random_weights,
-               device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-               precision=precision, force=force, progress=progress)
+        decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress,
+                     force=force, stream=stream, fps=fps, space=space)
+        encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
+                     device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+                     quiet=not progress, force=force, precision=precision, space=space)
         if prompts is None:
             return Run(store)
+        space.before_track(RunStore.open(store))
         track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
               progress=progress, postprocessing=postprocessing, non_overlap=non_overlap,
               score_threshold=score_threshold, object_start=object_start)
