@@ -12,8 +12,8 @@ Every name of the API is listed in `__all__`. `import segpipe` does not import t
 calls that run the model import it.
 """
 from .api import dataset, decode, encode, evaluate, export, open, repair, run, track
-from .errors import (BadInput, DamagedStore, SegpipeError, StoreLocked, StoreMismatch,
-                     StoreNotReady)
+from .errors import (BadInput, DamagedStore, NotEnoughSpace, SegpipeError, StoreLocked,
+                     StoreMismatch, StoreNotReady)
 from .prompts import Prompt
 from .results import Run
 
@@ -28,4 +28,5 @@ __all__ = [
     "Prompt",
     # errors
     "SegpipeError", "BadInput", "StoreNotReady", "StoreMismatch", "DamagedStore", "StoreLocked",
+    "NotEnoughSpace",
 ]

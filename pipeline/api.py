@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import BadInput
+from .estimate import Later, SpaceGuard
 from .model import DEFAULT_MODEL
 from .results import Run
+from .store import RunStore
 
 
 def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
@@ -27,7 +29,7 @@ def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
 
 def decode(video, store, *, chunk_size: int | None = None, image_size: int | None = None,
            stream: int | None = None, fps: float | None = None, force: bool = False,
-           progress: bool = True) -> Run:
+           space_check: bool = True, progress: bool = True) -> Run:
     """Decode `video` (a video file, or a folder of JPEG/PNG frames named by number, as SAM 2
     reads them) into the store's model-input frames, upright (a phone's rotation applied).
 
@@ -36,19 +38,24 @@ def decode(video, store, *, chunk_size: int | None = None, image_size: int | Non
     (default: the container's default); `fps` a frame folder's rate (default 24). `force`
     starts over a store made from another video or with other settings instead of refusing.
 
+    Before writing, the storage estimate is shown (see `segpipe.estimate`) and, with
+    `space_check`, `NotEnoughSpace` is raised when the store's file system has less free
+    space than the frames need.
+
     Example:
         >>> segpipe.decode("clip.mp4", "clip.zarr", chunk_size=32, image_size=1024)
     """
     from .stages.decode import decode as decode_stage
+    space = SpaceGuard(store, ("decode",), "decode", enabled=space_check, quiet=not progress)
     decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=not progress,
-                 force=force, stream=stream, fps=fps)
+                 force=force, stream=stream, fps=fps, space=space)
     return Run(store)
 
 
 def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_weights: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", precision: str | None = None, force: bool = False,
-           progress: bool = True) -> Run:
+           space_check: bool = True, progress: bool = True) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
 
     `precision`: "bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs (the
@@ -57,13 +64,18 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
     Weights: `checkpoint` (an official checkpoint file, or "hf:facebook/sam2.1-hiera-tiny")
     or `random_weights=SEED` (tests and demos only: masks mean nothing).
 
+    Before writing, the storage estimate is shown and, with `space_check`, `NotEnoughSpace`
+    is raised when the store's file system has less free space than the features need.
+
     Example:
         >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
     """
     from .stages.encode import encode as encode_stage
+    space = SpaceGuard(store, ("decode", "encode"), "encode", enabled=space_check,
+                       quiet=not progress)
     encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
                  device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                 quiet=not progress, force=force, precision=precision)
+                 quiet=not progress, force=force, precision=precision, space=space)
     return Run(store)
 
 
@@ -124,7 +136,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         non_overlap: bool | None = None, score_threshold: float | None = None,
         object_start: str | None = None,
         keep: str | None = None,
-        exports: Sequence[str] | None = None, force: bool = False, progress: bool = True) -> Run:
+        exports: Sequence[str] | None = None, force: bool = False, space_check: bool = True,
+        progress: bool = True) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
     with each chunk encoded just before a pass tracks it and exported (`exports`, default
     davis, vis-json, overlay; [] for none, into `<store name>.export/` beside the store) as
@@ -135,6 +148,14 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     features once every pass has tracked it, so a long video needs a few chunks of them on
     disk; the video is then decoded twice, once to count and time its frames, and again
     chunk by chunk as the passes need them). The setting is the store's from then on.
+
+    Before writing, the storage estimate of the whole store (as `--keep all` leaves it) is
+    printed and checked against the free space (`space_check=False` skips the check; under
+    `keep="masks"` it is not made: the store stays far below that estimate).
+
+    Before the first write, the storage estimate of the whole store is shown (memory and
+    masks for the prompts' objects) and, with `space_check`, `NotEnoughSpace` is raised when
+    the store's file system has less free space than the run still needs.
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -160,18 +181,26 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
             drop(run_store, "frames", k)
 
     quiet = not progress
+    stages = ("decode", "encode") + (("track",) if prompts is not None else ())
+    later = Later(embedding_dtype, precision, prompts, direction, object_start,
+                  len(exports) if prompts is not None else 0, device)
+    space = SpaceGuard(store, stages, "run", later, enabled=space_check and keep != "masks",
+                       quiet=quiet)
     with store_lock(store):  # the whole run, not only each stage
         decoded = decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=quiet,
                                force=force, stream=stream, fps=fps,
-                               on_commit=drop_frames if prompts is not None else None)
+                               on_commit=drop_frames if prompts is not None else None,
+                               space=space)
         set_keep(decoded, keep)
         encoding = dict(model=model, checkpoint=checkpoint, random_seed=random_weights,
                         device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                        quiet=quiet, force=force, precision=precision, on_commit=drop_frames)
+                        quiet=quiet, force=force, precision=precision, on_commit=drop_frames,
+                        space=space)
         if prompts is None:
             encode_stage(store, **encoding)
             return Run(store)
         encode_stage(store, **encoding, chunks=[])  # the model, checked and recorded
+        space.before_track(RunStore.open(store))
         exporting = ExportsAsTracked(store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f])
                                              for f in exports])
         track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,

@@ -78,6 +78,10 @@ FORCE = click.option("--force", is_flag=True,
                      help="Where the store was made with other settings, start this stage (and "
                           "every later one) over instead of refusing.")
 FORCE_AGAIN = click.option("--force", is_flag=True, help="Start this stage over instead of resuming.")
+NO_SPACE_CHECK = click.option(
+    "--no-space-check", "no_space_check", is_flag=True,
+    help="Start even where the storage estimate (printed before the first write) is larger "
+         "than the free space of the store's file system, which is otherwise refused.")
 
 
 @contextmanager
@@ -104,10 +108,12 @@ def cli():
 @STORE
 @decode_options
 @FORCE
+@NO_SPACE_CHECK
 @QUIET
-def decode(video, store, chunk_size, image_size, stream, fps, force, quiet):
+def decode(video, store, chunk_size, image_size, stream, fps, force, no_space_check, quiet):
     """Decode VIDEO (a video file, or a folder of numbered JPEG/PNG frames) into the store's
-    model-input frames, upright.
+    model-input frames, upright. First prints the storage estimate (frames measured on a
+    sample of the video) and refuses if the frames need more than the free space.
 
     \b
     Example:
@@ -116,7 +122,7 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, quiet):
     """
     with writing(store):
         api.decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
-                   fps=fps, force=force, progress=not quiet)
+                   fps=fps, force=force, space_check=not no_space_check, progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -124,10 +130,12 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, quiet):
 @encode_options
 @DEVICE
 @FORCE
+@NO_SPACE_CHECK
 @QUIET
 def encode(store, model, checkpoint, random_seed, batch_size, precision, embedding_dtype, device,
-           force, quiet):
-    """Compute SAM 2 image embeddings for every decoded frame.
+           force, no_space_check, quiet):
+    """Compute SAM 2 image embeddings for every decoded frame. First prints the storage
+    estimate and refuses if the features need more than the free space.
 
     \b
     Example:
@@ -136,7 +144,8 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
     with writing(store):
         api.encode(store, model=model, checkpoint=checkpoint, random_weights=random_seed,
                    device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                   precision=precision, force=force, progress=not quiet)
+                   precision=precision, force=force, space_check=not no_space_check,
+                   progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -209,11 +218,14 @@ def export(store, fmt, out, frames, objects, force, quiet):
                    "sibling folder <store name>.export/.")
 @DEVICE
 @FORCE
+@NO_SPACE_CHECK
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
         batch_size, precision, embedding_dtype, direction, postprocessing, non_overlap,
-        score_threshold, object_start, keep, exports, device, force, quiet):
-    """Run every stage on VIDEO in order, each resuming where it stopped.
+        score_threshold, object_start, keep, exports, device, force, no_space_check, quiet):
+    """Run every stage on VIDEO in order, each resuming where it stopped. First prints the
+    storage estimate of the whole store by array group (frames, features, memory, masks)
+    and refuses if it needs more than the free space of the store's file system.
 
     \b
     Example:
@@ -228,7 +240,8 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
                 batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
                 direction=direction, postprocessing=postprocessing, non_overlap=non_overlap,
                 score_threshold=score_threshold, object_start=object_start, keep=keep,
-                exports=formats, force=force, progress=not quiet)
+                exports=formats, force=force, space_check=not no_space_check,
+                progress=not quiet)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -323,7 +336,9 @@ def repair(store, checkpoint, device, quiet):
 @STORE
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def status(store, as_json):
-    """Show each stage's chunks done / total and bytes on disk per array.
+    """Show each stage's chunks done / total (with frames/s and an ETA while a stage is
+    unfinished, from the ledger's commit times), the storage estimate by array group beside
+    the bytes on disk, and bytes on disk per array.
 
     \b
     Example:

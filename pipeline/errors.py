@@ -34,3 +34,8 @@ class DamagedStore(SegpipeError):
 
 class StoreLocked(SegpipeError):
     """Another process is writing to the store (one writer per store)."""
+
+
+class NotEnoughSpace(SegpipeError):
+    """The store's file system has less free space than the command is estimated to need
+    (`--no-space-check`, or `space_check=False`, starts it anyway)."""

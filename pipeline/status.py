@@ -1,33 +1,131 @@
-"""`segpipe status`: per stage, chunks done / total; per array, bytes on disk."""
+"""`segpipe status`: per stage, chunks done / total, and while a stage is unfinished its
+frames/s and ETA; the storage estimate by group beside the bytes on disk; per array, bytes on
+disk.
+
+Rates come from the ledger: each entry file is written once, when its chunk is committed, so
+its modification time is the commit time (the ledger records no time itself). A stage's
+rate is the frames of its last `RATE_WINDOW` commits over the time they took; a pause
+longer than ten typical intervals (the median interval, or the shortest of fewer than three)
+and a minute in that window (a run stopped and resumed) starts the window after it. ETA =
+frames left / rate, less the time since the last commit (the chunk in flight has been
+under way that long). A stage whose last commit is older than `stalled_after` is reported
+as not advancing (no ETA): no process may be working on it. Reading the times costs one `stat` per entry in the window, so `status` stays fast on
+long stores. Times are this machine's clock against the file system's (a store on a network
+file system with another clock skews them).
+"""
 from __future__ import annotations
 
-from .chunks import ChunkPlan, pass_chunks, passes
+import statistics
+import time
+
+from . import estimate
+from .chunks import ChunkPlan, pass_chunks, pass_frame_count_in, passes
 from .store import RunStore
 
+RATE_WINDOW = 16  # commits
 
-def describe(store_path) -> dict:
+
+def describe(store_path, now: float | None = None) -> dict:
     store = RunStore.open(store_path)
     attrs = store.attrs
     T = attrs.get("frame_count")
     C = attrs["chunk_size"]
-    total = ChunkPlan(T, C).num_chunks if T is not None else None
+    plan = ChunkPlan(T, C) if T is not None else None
+    total = plan.num_chunks if plan is not None else None
     stages = {"decode": {"done": store.ledger("decode").count(), "total": total},
               "encode": {"done": store.ledger("encode").count(), "total": total}}
+    # per stage: the chunks in the order the stage does them, and the frames of each
+    orders = {}
+    if plan is not None:
+        orders["decode"] = orders["encode"] = (list(plan), lambda k: _size(plan, k), T)
+    else:
+        claimed = (attrs.get("video") or {}).get("claimed_frames") or None
+        orders["decode"] = (range(len(store.ledger("decode").done())), lambda k: C, claimed)
     track = attrs.get("track")
     if track:
         start = track["start_frame"]
         for d in passes(track["direction"]):
+            chunks = pass_chunks(ChunkPlan(T, C), d, start)
             stages[f"track_{d}"] = {"done": store.ledger(f"track_{d}").count(),
-                                    "total": len(pass_chunks(ChunkPlan(T, C), d, start))}
+                                    "total": len(chunks)}
+            orders[f"track_{d}"] = (chunks, _pass_frames(plan, d, start),
+                                    pass_frame_count_in(d, start, 0, T))
+    now = time.time() if now is None else now
+    progress = {}
+    for name, s in stages.items():
+        if name in orders and (s["total"] is None or s["done"] < s["total"]) and s["done"]:
+            p = stage_progress(store, name, *orders[name], now)
+            if p is not None:
+                progress[name] = p
     warnings = []
     weights = (attrs.get("model") or {}).get("weights", {})
     if "random_seed" in weights:
         warnings.append(f"random weights (seed {weights['random_seed']}): masks from them mean nothing")
     if attrs.get("decode_warning"):
         warnings.append(attrs["decode_warning"])
+    sizes = store.array_bytes()
+    disk_total = estimate.store_total(store.path, sizes)
+    est = estimate.from_store(store, sizes=sizes)
+    on_disk = {**estimate.group_bytes(sizes, disk_total), "total": disk_total}
     return {"store": str(store.path), "source": attrs["source"]["path"], "frames": T,
             "chunk_size": C, "image_size": attrs["image_size"], "model": attrs.get("model"),
-            "stages": stages, "bytes": store.array_bytes(), "warnings": warnings}
+            "stages": stages, "progress": progress,
+            "estimate": est.as_dict() if est is not None else None, "on_disk": on_disk,
+            "bytes": sizes, "warnings": warnings}
+
+
+def _size(plan: ChunkPlan, k: int) -> int:
+    lo, hi = plan.bounds(k)
+    return hi - lo
+
+
+def _pass_frames(plan: ChunkPlan, direction: str, start: int):
+    return lambda k: pass_frame_count_in(direction, start, *plan.bounds(k))
+
+
+def stalled_after(interval: float) -> float:
+    """Seconds without a commit after which a stage counts as not advancing."""
+    return max(10 * interval, 120.0)
+
+
+def stage_progress(store: RunStore, stage: str, order, frames_of, total_frames: int | None,
+                   now: float) -> dict | None:
+    """frames/s over the recent commits, frames left, ETA and the last commit's age."""
+    ledger = store.ledger(stage)
+    done = ledger.done()
+    done_chunks = [k for k in order if k < len(done) and done[k]]
+    if not done_chunks:
+        return None
+    times = ledger.commit_times(done_chunks[-RATE_WINDOW:])
+    if not times:
+        return None
+    entries = sorted((t, k) for k, t in times.items())
+    gaps = [b[0] - a[0] for a, b in zip(entries, entries[1:])]
+    if gaps:
+        typical = statistics.median(gaps) if len(gaps) >= 3 else min(gaps)
+        for i in range(len(gaps) - 1, -1, -1):
+            if gaps[i] > max(10 * typical, 60.0):  # a pause: the rate is what came after it
+                entries = entries[i + 1:]
+                break
+    first, last = entries[0][0], entries[-1][0]
+    rate = interval = None
+    if len(entries) >= 2 and last > first:
+        rate = sum(frames_of(k) for _, k in entries[1:]) / (last - first)
+        interval = (last - first) / (len(entries) - 1)
+    left = None
+    if total_frames is not None:
+        left = max(0, total_frames - sum(frames_of(k) for k in done_chunks))
+    age = max(0.0, now - last)
+    stalled = interval is not None and age > stalled_after(interval)
+    eta = max(0.0, left / rate - age) if (rate and left is not None and not stalled) else None
+    return {"frames_per_s": rate, "frames_left": left, "eta_s": eta,
+            "last_commit_s_ago": age, "commits_in_window": len(entries), "stalled": stalled}
+
+
+def clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 def render(report: dict) -> str:
@@ -36,10 +134,34 @@ def render(report: dict) -> str:
              f"  chunk size {report['chunk_size']}  image size {report['image_size']}"]
     if report["model"]:
         lines.append(f"model   {report['model']['name']}  embeddings {report['model']['embedding_dtype']}")
-    lines.append("stage            chunks done / total")
+    lines.append("stage            chunks done / total   frames/s  ETA")
     for name, s in report["stages"].items():
         total = "?" if s["total"] is None else s["total"]
-        lines.append(f"  {name:<14} {s['done']:>6} / {total}")
+        line = f"  {name:<14} {s['done']:>6} / {total:<10}"
+        p = report["progress"].get(name)
+        if p is not None:
+            ago = f"last commit {clock(p['last_commit_s_ago'])} ago"
+            if p["frames_per_s"] is None:
+                line += f"  (measuring: {ago})"
+            elif p["stalled"]:
+                line += f" {p['frames_per_s']:>8.2f}  not advancing: {ago}"
+            else:
+                eta = clock(p["eta_s"]) if p["eta_s"] is not None else "?"
+                about = " (about)" if name == "decode" and s["total"] is None else ""
+                line += f" {p['frames_per_s']:>8.2f}  {eta}{about}  ({ago})"
+        lines.append(line.rstrip())
+    est, disk = report["estimate"], report["on_disk"]
+    if est is None:
+        lines.append("storage  no estimate: the frame count is unknown")
+    else:
+        per = "" if est["objects"] is not None else "; memory and masks per object"
+        lines.append(f"storage          estimate      on disk   ({est['frames']:,} frames, "
+                     f"{est['frames_basis']}{per})")
+        for g, part in est["groups"].items():
+            lines.append(f"  {g:<9} {estimate.human(part['bytes']):>14} {estimate.human(disk[g]):>12}"
+                         f"   {part['basis']}")
+        lines.append(f"  {'total':<9} {estimate.human(est['total']):>14} "
+                     f"{estimate.human(disk['total']):>12}")
     lines.append("array                              bytes on disk")
     for name, size in report["bytes"].items():
         lines.append(f"  {name:<32} {size:>14,}")

@@ -413,6 +413,19 @@ class Ledger:
     def count(self) -> int:
         return self._vector().count(1)
 
+    def commit_times(self, chunks) -> dict[int, float]:
+        """When each of `chunks` recorded done was committed: its entry file's modification
+        time (the entry is written once, last, when the chunk is done; the ledger records no
+        time itself). Chunks not done, or whose entry cannot be read, are left out."""
+        done, folder, times = self._vector(), self.store.path / self.name / "c", {}
+        for k in chunks:
+            if k < len(done) and done[k]:
+                try:
+                    times[k] = os.stat(folder / str(k)).st_mtime
+                except OSError:
+                    pass
+        return times
+
     def _set(self, chunk: int, value: int) -> None:
         if self._done is not None:
             if chunk >= len(self._done):

@@ -28,10 +28,12 @@ DEFAULT_IMAGE_SIZE = 1024
 
 def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
                          image_size: int | None, force: bool = False,
-                         stream: int | None = None, fps: float | None = None) -> RunStore:
+                         stream: int | None = None, fps: float | None = None,
+                         space=None) -> RunStore:
     """Check the video and the settings against the store before anything is written.
     With `force`, a store made from another video or with other settings is started over
-    (everything in it is recomputed) instead of refused."""
+    (everything in it is recomputed) instead of refused. `space` (an
+    `estimate.SpaceGuard`) is asked before the first write, when decoding is left to do."""
     video = Path(video)
     for name, value in (("--chunk-size", chunk_size), ("--image-size", image_size)):
         if value is not None and value < 1:
@@ -43,22 +45,31 @@ def open_or_create_store(video: Path, store_path: Path, chunk_size: int | None,
     if Path(video).is_file() and fps is not None:
         raise BadInput("--fps is for frame folders; a video file has its own timing")
     info = probe(video, stream, fps)
+    C, S = chunk_size or DEFAULT_CHUNK_SIZE, image_size or DEFAULT_IMAGE_SIZE
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
         try:
             check_store(store, video, chunk_size, image_size, stream, fps)
-            return store
         except StoreMismatch as mismatch:
             if not force:
                 raise
+            if space is not None:
+                space.before_decode(None, video, info, C, S)
             log.info(f"decode: starting over ({mismatch.message})")
             shutil.rmtree(store_path)
+        else:
+            if space is not None and "frame_count" not in store.attrs:
+                space.before_decode(store, video, info, store.attrs["chunk_size"],
+                                    store.attrs["image_size"])
+            return store
+    elif space is not None:
+        space.before_decode(None, video, info, C, S)
     say_which_stream(video, info, stream is not None)
     return RunStore.create(store_path, {
         "source": {"path": str(video.resolve()), **file_identity(video)},
         "video": info.as_attrs(),
-        "chunk_size": chunk_size or DEFAULT_CHUNK_SIZE,
-        "image_size": image_size or DEFAULT_IMAGE_SIZE,
+        "chunk_size": C,
+        "image_size": S,
     })
 
 
@@ -94,10 +105,13 @@ def check_store(store: RunStore, video: Path, chunk_size, image_size, stream=Non
 @holds_store_lock
 def decode(video: Path, store_path: Path, chunk_size: int | None = None,
            image_size: int | None = None, quiet: bool = False, force: bool = False,
-           stream: int | None = None, fps: float | None = None, on_commit=None) -> RunStore:
+           stream: int | None = None, fps: float | None = None, on_commit=None,
+           space=None) -> RunStore:
     """Decode `video` into the store, resuming an unfinished decode; `on_commit(store, k)` is
-    called after each chunk is committed (`run --keep masks` drops its frames then)."""
-    store = open_or_create_store(video, store_path, chunk_size, image_size, force, stream, fps)
+    called after each chunk is committed (`run --keep masks` drops its frames then).
+    `space` (an `estimate.SpaceGuard`) is asked before the first write."""
+    store = open_or_create_store(video, store_path, chunk_size, image_size, force, stream, fps,
+                                 space)
     if "frame_count" in store.attrs:
         plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
         redo = store.ledger(STAGE).todo(plan)

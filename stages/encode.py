@@ -93,9 +93,11 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
            force: bool = False, precision: str | None = None, on_commit=None,
-           chunks: list[int] | None = None) -> RunStore:
+           chunks: list[int] | None = None, space=None) -> RunStore:
     """Encode every decoded chunk not yet encoded (or only `chunks`); `on_commit(store, k)`
-    is called after each chunk is committed (`run --keep masks` drops its frames then)."""
+    is called after each chunk is committed (`run --keep masks` drops its frames then).
+    `space` (an `estimate.SpaceGuard`) is asked before the first write, when there is work
+    to do."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -109,14 +111,19 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
             None, predictor.device.type if predictor is not None else pick_device(device))
     precision = pick_precision(precision, "cpu")  # validated
     spec = model_spec(store, model, weights, embedding_dtype, precision)
+    restart = None
     try:
         check_model(store, spec)
     except StoreMismatch as mismatch:
         if not force:
             raise
-        log.info(f"encode: starting over ({mismatch.message})", quiet)
-        reset_from(store, "encode")
+        restart = mismatch
     plan = ChunkPlan(T, store.attrs["chunk_size"])
+    if space is not None and (restart or store.ledger(STAGE).todo(plan)):
+        space.before_encode(store, embedding_dtype, precision)
+    if restart is not None:
+        log.info(f"encode: starting over ({restart.message})", quiet)
+        reset_from(store, "encode")
     todo = store.ledger(STAGE).todo(plan if chunks is None else chunks)
     if "model" not in store.attrs:
         store.set_attrs(model=spec)

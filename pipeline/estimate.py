@@ -1,0 +1,675 @@
+"""Storage estimate: what a store will hold once every stage is done (today's `--keep all`:
+everything kept), by group of arrays, and the free-space check that `run`, `decode` and
+`encode` make before they write anything. `status` shows the same figures beside the bytes
+on disk. No torch, no video decoding here except the frame sample decode asks for.
+
+Groups (the arrays each covers): `frames` (frames, pts, timestamps), `features`
+(features/*), `memory` (memory/*), `masks` (masks, object_scores, tracked, prompt_masks),
+`other` (ledgers and group metadata). Sizes are file bytes, as `status` reports them; the
+file system rounds every file up to its block size (a few KiB per chunk file), which is not
+counted.
+
+What each figure rests on (the `basis` shown beside it):
+
+- frame count: the decoded count once decode is done; before, what the container claims
+  (`video.claimed_frames`, about what a player shows; a frame folder counts its files),
+  or the frames stored so far if more. No claim and nothing decoded: no estimate.
+- features: exact. They are stored uncompressed (a crc32c per chunk) and zarr writes every
+  chunk at full size (the last one padded), so: chunks x C x bytes per frame + 4 per chunk.
+  Per frame, levels [32, S/4, S/4], [64, S/8, S/8], [256, S/16, S/16] at 4 bytes (float32)
+  or 2 (float16, bfloat16); under `--precision bfloat16`, `--embedding-dtype bfloat16` keeps
+  level 2 in float32 (SAM 2 computes it in float32, the FPN's top-down sum: see
+  `stages/encode.py storage_dtype`), so 2, 2 and 4 bytes. An encoded store's own arrays
+  give their dtypes. Before encode has run, decode assumes encode's default (float32).
+- frames: zstd-compressed uint8 S x S x 3, so it depends on the content: measured. With
+  frames stored, their bytes per stored frame; before decode starts, decode (and run)
+  compress a sample the way the store will (`SAMPLE_FRAMES` consecutive frames from the
+  start and from the middle of the source, each run compressed as one chunk, the mean);
+  where neither exists (`status` on a store that has no frame yet), the raw size, an upper
+  bound.
+- masks: zstd bool (T, O, H, W), every frame written (untracked ones empty). Once a chunk is
+  tracked, the bytes per frame of the tracked chunks measured; before, 1/`MASK_RATIO` of
+  the raw size: the worst ratio measured (the noisy masks of random weights compress
+  about 15x; clean object masks several hundred times), so the estimate errs high. The
+  object count is the prompts' (given to `run`, or the store's); without prompts the
+  memory and masks figures are per object.
+- memory: per tracking pass, the prompted frames' outputs (one chunk) and one snapshot per
+  chunk the pass visits, counted slot by slot from the prompts (`stages/memory.py`: up to
+  num_maskmem - 1 = 6 mask memories and max_obj_ptrs - 1 = 15 object pointers per object,
+  fewer while a pass starts); bfloat16 mask memories at `RHO_MASKMEM` of their raw size
+  (zstd, measured 0.70-0.76), float32 values at `RHO_FLOAT32` (float32 precision) or
+  `RHO_FLOAT32_FROM_BF16` (bfloat16 precision: float32 holding bfloat16 values). Once a
+  pass has written snapshots, the figure is scaled by measured / counted for them.
+- other: ledgers (5 bytes per chunk and stage, ~480 bytes of metadata each) and group
+  metadata; every array's own metadata (~700 bytes) is counted in its group.
+
+The free-space check: this command is refused (one line, the store untouched) when the
+bytes still to be written by its stages (the estimate of their groups, plus `other`, minus
+what the store already holds on disk) exceed the free space of the store's file system
+(`shutil.disk_usage` of the store, or of its nearest existing parent). `decode` counts
+frames; `encode` frames and features; `run` everything it will run (memory and masks only
+with prompts). Bytes already in the store count as available, whether the command keeps
+them (a resumed run needs only the rest) or starts them over (`--force` deletes them
+first). `--no-space-check` skips the check (not `--force`, which starts over a store made
+with other settings: overriding a space check must not also discard work). A source whose
+frame count nobody claims is not checked, and says so.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .chunks import ChunkPlan, pass_chunks, pass_frame_count_in, passes
+from .errors import NotEnoughSpace
+
+GROUPS = ("frames", "features", "memory", "masks", "other")
+STAGE_GROUPS = {"decode": ("frames",), "encode": ("frames", "features"),
+                "track": ("frames", "features", "memory", "masks")}
+
+# SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
+# frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15, mem_dim 64, hidden_dim 256.
+NUM_MASKMEM, MAX_OBJ_PTRS, MEM_DIM, HIDDEN_DIM = 7, 16, 64, 256
+LEVEL_SHAPES = ((32, 4), (64, 8), (256, 16))  # channels, stride: [C, S/stride, S/stride]
+
+# Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).
+MASK_RATIO = 15.0  # zstd on bool masks: random-weight masks ~15-16x; clean shapes far more
+RHO_MASKMEM = 0.75  # zstd on bfloat16 mask memories: 0.70-0.76 of raw
+RHO_FLOAT32 = 0.9  # zstd on float32 pointers and logits: 0.65-0.92
+RHO_FLOAT32_FROM_BF16 = 0.5  # float32 holding bfloat16 values (their low halves are zero)
+SAMPLE_FRAMES = 8  # frames per sample run (a run is compressed as one chunk)
+CHUNK_OVERHEAD = 24  # a compressed chunk's zstd frame header and crc32c, about
+ARRAY_META, LEDGER_META, GROUP_META, ROOT_META = 700, 480, 66, 1900
+
+
+@dataclass
+class Part:
+    bytes: int
+    basis: str
+
+
+@dataclass
+class Estimate:
+    """The expected bytes of a finished store, by group, with what each figure rests on."""
+    frames: int
+    frames_basis: str
+    chunk_size: int
+    image_size: int
+    objects: int | None  # None: no prompts known, memory and masks are per object
+    parts: dict[str, Part] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(p.bytes for p in self.parts.values())
+
+    def bytes_for(self, stages) -> int:
+        """What the groups written by `stages` come to, with `other`."""
+        groups = {g for s in stages for g in STAGE_GROUPS[s]} | {"other"}
+        return sum(p.bytes for g, p in self.parts.items() if g in groups)
+
+    def as_dict(self) -> dict:
+        return {"frames": self.frames, "frames_basis": self.frames_basis,
+                "objects": self.objects, "total": self.total,
+                "groups": {g: {"bytes": p.bytes, "basis": p.basis} for g, p in self.parts.items()}}
+
+    def lines(self) -> list[str]:
+        out = [f"storage estimate: {self.frames:,} frames ({self.frames_basis}), image size "
+               f"{self.image_size}, chunk size {self.chunk_size}"]
+        for g, p in self.parts.items():
+            out.append(f"  {g:<9} {human(p.bytes):>11}  {p.basis}")
+        out.append(f"  {'total':<9} {human(self.total):>11}"
+                   + ("" if self.objects is not None else "  (memory and masks for 1 object)"))
+        return out
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+# -- the parts --------------------------------------------------------------------------------
+
+def level_itemsizes(embedding_dtype: str, precision: str) -> tuple[int, int, int]:
+    """Bytes per value of the three stored levels (`stages/encode.py storage_dtype`)."""
+    if embedding_dtype == "float32":
+        return 4, 4, 4
+    if embedding_dtype == "bfloat16" and precision == "bfloat16":
+        return 2, 2, 4  # level 2 is computed in float32 and kept so
+    return 2, 2, 2
+
+
+def features_part(T: int, C: int, S: int, embedding_dtype: str, precision: str,
+                  stored: list | None = None, basis: str | None = None) -> Part:
+    """Exact: uncompressed, full-size chunks. `stored`: (itemsize, per-frame values) of the
+    store's own level arrays, when they exist."""
+    chunks = ChunkPlan(T, C).num_chunks
+    if stored is None:
+        sizes = level_itemsizes(embedding_dtype, precision)
+        stored = [(size, ch * (S // st) ** 2) for size, (ch, st) in zip(sizes, LEVEL_SHAPES)]
+    total = sum(chunks * (C * n * size + 4) + ARRAY_META for size, n in stored)
+    per_frame = sum(n * size for size, n in stored)
+    return Part(total, basis or f"{embedding_dtype} under {precision} precision, "
+                               f"{human(per_frame)} a frame, exact")
+
+
+def frames_part(T: int, C: int, S: int, per_frame: float | None, basis: str) -> Part:
+    """frames (per_frame: compressed bytes a frame, None: raw), pts and timestamps."""
+    raw = S * S * 3
+    chunks = ChunkPlan(T, C).num_chunks
+    frames = (per_frame if per_frame is not None else raw + CHUNK_OVERHEAD / C) * T + ARRAY_META
+    times = 16 * T + 2 * (chunks * CHUNK_OVERHEAD + ARRAY_META)  # pts, timestamps: raw
+    return Part(int(frames + times), basis)
+
+
+@dataclass(frozen=True)
+class Prompted:
+    """What the estimate needs of a prompt: its object, its frame, whether it is a mask."""
+    object_id: int
+    frame: int
+    mask: bool = False
+
+
+def summarize_prompts(prompts) -> list[Prompted]:
+    """`Prompt` objects or stored prompt entries (`track.prompts`) as `Prompted`."""
+    out = []
+    for p in prompts:
+        if isinstance(p, dict):
+            out.append(Prompted(int(p["object"]), int(p["frame"]), "mask" in p))
+        else:
+            out.append(Prompted(int(p.object_id), int(p.frame), p.mask is not None))
+    return out
+
+
+def tracking_layout(T: int, prompts: list[Prompted] | None, direction: str | None,
+                    object_start: str | None) -> tuple[int, int, str, dict, list]:
+    """(objects, start frame, direction, per-object first tracked frame, prompt list);
+    without prompts one object prompted on frame 0, forward (so: per object)."""
+    if not prompts:
+        prompts = [Prompted(1, 0)]
+        direction = "forward"
+    ids = list(dict.fromkeys(p.object_id for p in prompts))
+    start = min(p.frame for p in prompts)
+    firsts = {}
+    for p in prompts:
+        firsts[p.object_id] = min(p.frame, firsts.get(p.object_id, p.frame))
+    own = object_start == "own"
+    first = {i: (firsts[i] if own else 0) for i in ids}
+    return len(ids), start, direction or "both", first, prompts
+
+
+def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction: str,
+                     first: dict, precision: str) -> dict[str, list[float]]:
+    """Per pass, the counted bytes of the prompted outputs (index 0) and of each chunk's
+    snapshot in the pass's order (1..)."""
+    plan = ChunkPlan(T, C)
+    slot = MEM_DIM * (S // 16) ** 2 * 2
+    rho = RHO_FLOAT32_FROM_BF16 if precision == "bfloat16" else RHO_FLOAT32
+    M, P = NUM_MASKMEM - 1, max(min(T, MAX_OBJ_PTRS) - 1, 1)
+    ids = list(dict.fromkeys(p.object_id for p in prompts))
+    O = len(ids)
+    start = min(p.frame for p in prompts)
+    cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
+    K = max(len(c) for c in cond.values())
+    prompted = (O * K * (4 + slot * RHO_MASKMEM + HIDDEN_DIM * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
+                + 5 * (CHUNK_OVERHEAD + ARRAY_META))
+    small = O * (2 * P + M) * 4 + 5 * CHUNK_OVERHEAD  # frame indices, scores, headers
+    out = {}
+    for d in passes(direction):
+        chunks = pass_chunks(plan, d, start)
+        if not chunks:
+            continue
+        sizes, seen = [prompted], {i: 0 for i in ids}
+        for n, k in enumerate(chunks):
+            lo, hi = plan.bounds(k)
+            mem = ptr = 0
+            for i in ids:  # frames this object is tracked on in the chunk, less its prompted ones
+                a, b = max(lo, first[i]), hi
+                tracked = pass_frame_count_in(d, start, a, b) if a < b else 0
+                prompted_here = sum(1 for f in cond[i] if a <= f < b and f in
+                                    range(*_pass_span(d, start, lo, hi)))
+                seen[i] += tracked - prompted_here
+                mem += min(M, seen[i])
+                ptr += min(P, seen[i])
+            sizes.append(mem * slot * RHO_MASKMEM + ptr * HIDDEN_DIM * 4 * rho + small)
+            if all(v >= max(M, P) for v in seen.values()):  # full from here on
+                sizes += [sizes[-1]] * (len(chunks) - n - 1)
+                break
+        out[d] = sizes
+    return out
+
+
+def _pass_span(direction: str, start: int, lo: int, hi: int) -> tuple[int, int]:
+    """[a, b) of the frames a pass tracks in chunk [lo, hi)."""
+    if direction == "reverse":
+        return (lo, min(start, hi - 1) + 1) if start > 0 else (lo, lo)
+    return max(start, lo), hi
+
+
+def masks_part(T: int, C: int, H: int, W: int, O: int, tracked: int, masks_prompts: int,
+               per_frame: float | None, basis: str | None) -> Part:
+    """masks (per_frame: measured bytes per tracked frame, else raw / MASK_RATIO), object
+    scores, tracked, prompt masks."""
+    chunks = ChunkPlan(T, C).num_chunks
+    raw = O * H * W
+    per = per_frame if per_frame is not None else raw / MASK_RATIO
+    masks = per * tracked + chunks * CHUNK_OVERHEAD + ARRAY_META
+    rest = (T * O * 4 + T + 2 * chunks * CHUNK_OVERHEAD + 2 * ARRAY_META
+            + (masks_prompts * H * W / MASK_RATIO + ARRAY_META if masks_prompts else 0))
+    return Part(int(masks + rest), basis or f"zstd assumed 1:{MASK_RATIO:g} of "
+                                            f"{human(raw)} a frame until tracked")
+
+
+def tracked_frames(T: int, start: int, direction: str) -> int:
+    return sum(pass_frame_count_in(d, start, 0, T) for d in passes(direction))
+
+
+def other_part(T: int, C: int, pass_chunk_counts: list[int], exports: int,
+               prompts_json: int) -> Part:
+    n = ChunkPlan(T, C).num_chunks
+    ledgers = [n, n, *pass_chunk_counts] + [n] * exports
+    total = (sum(LEDGER_META + 5 * c for c in ledgers) + ROOT_META + prompts_json
+             + GROUP_META * (3 + len(pass_chunk_counts)))
+    return Part(int(total), "ledgers and metadata")
+
+
+# -- building one -----------------------------------------------------------------------------
+
+@dataclass
+class Later:
+    """What the stages after this one will use, where known (None: the store's, else the
+    defaults)."""
+    embedding_dtype: str | None = None
+    precision: str | None = None
+    prompts: list | None = None  # Prompt objects or stored entries
+    direction: str | None = None
+    object_start: str | None = None
+    exports: int = 0
+    device: str = "auto"  # decides the default precision (bfloat16 on CUDA)
+
+
+def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Later,
+          frame_rate: tuple[float | None, str], store=None, sizes: dict | None = None) -> Estimate:
+    """The estimate for these settings; `store` (and its `sizes` on disk, by array) replace
+    figures with measured ones where the store has them."""
+    attrs = store.attrs if store is not None else {}
+    sizes = sizes or {}
+    model = attrs.get("model") or {}
+    track = attrs.get("track") or {}
+    emb = later.embedding_dtype or model.get("embedding_dtype") or "float32"
+    precision = later.precision or model.get("precision") or "float32"
+    if later.prompts is not None:
+        prompts = summarize_prompts(later.prompts)
+    elif track.get("prompts"):
+        prompts = summarize_prompts(track["prompts"])
+    else:
+        prompts = None
+    direction = later.direction or track.get("direction")
+    object_start = later.object_start or (track.get("options") or {}).get("object_start")
+    est = Estimate(T, frames_basis, C, S, len({p.object_id for p in prompts}) if prompts else None)
+
+    est.parts["frames"] = frames_part(T, C, S, *frame_rate)
+
+    stored = None
+    if store is not None and later.embedding_dtype is None:
+        arrays = [store.array(f"features/level{i}") for i in range(3)]
+        if all(a is not None for a in arrays):
+            stored = [(a.dtype.itemsize, math.prod(a.shape[1:])) for a in arrays]
+    default = "" if (later.embedding_dtype or model) else " (encode's default)"
+    est.parts["features"] = features_part(T, C, S, emb, precision, stored)
+    est.parts["features"].basis += default
+
+    given = later.direction or track.get("direction")
+    same_tracking = store is not None and bool(track) and (
+        later.prompts is None or (prompts == summarize_prompts(track.get("prompts", []))
+                                  and given == track.get("direction")))
+    O, start, direction, first, plist = tracking_layout(T, prompts, direction, object_start)
+    snaps = memory_snapshots(T, C, S, plist, direction, first, precision)
+    memory, measured = 0, False
+    for d, counted in snaps.items():
+        recent_meta = 5 * ARRAY_META
+        pass_total = sum(counted) + recent_meta
+        done = store.ledger(f"track_{d}").count() if same_tracking else 0
+        if done:  # scale the count by what the snapshots written so far measure
+            written = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/recent_"))
+            written -= recent_meta
+            prompted = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/prompted_"))
+            counted_written = sum(counted[1:1 + done])
+            if written > 0 and counted_written > 0 and prompted > 0:
+                rest = sum(counted[1 + done:]) * written / counted_written
+                pass_total = prompted + written + rest + recent_meta
+                measured = True
+        memory += pass_total
+    what = (f"{O} object{'s' if O != 1 else ''}, passes {'+'.join(snaps) or 'none'}" if prompts
+            else "per object, one pass over every frame")
+    est.parts["memory"] = Part(int(memory), what + (", scaled by the snapshots written"
+                                                     if measured else ", counted slot by slot"))
+
+    tracked = tracked_frames(T, start, direction)
+    per_frame, basis = None, None
+    masks = store.array("masks") if (store is not None and same_tracking) else None
+    if masks is not None and masks.chunks[0] == C:  # chunk k of the masks is pipeline chunk k
+        per_frame = measured_mask_bytes(store, T, C, start, direction)
+        if per_frame is not None:
+            basis = f"measured on the tracked chunks, {human(per_frame)} a frame"
+    est.parts["masks"] = masks_part(T, C, H, W, O, tracked, sum(p.mask for p in plist),
+                                    per_frame, basis)
+    if not prompts:
+        est.parts["masks"].basis += " (per object)"
+    prompts_json = (len(json.dumps(track.get("prompts", []))) if same_tracking
+                    else 100 * len(plist) if prompts else 0)
+    counts = [len(v) - 1 for v in snaps.values()]
+    est.parts["other"] = other_part(T, C, counts, later.exports, prompts_json)
+
+    # What a finished stage holds is no longer an estimate: the bytes on disk.
+    if store is not None and sizes:
+        if "frame_count" in attrs:
+            est.parts["frames"] = Part(_sum(sizes, "frames"), "on disk (decoded)")
+        plan = ChunkPlan(T, C)
+        if same_tracking and all(store.ledger(f"track_{d}").count() >= len(pass_chunks(plan, d, start))
+                                 for d in passes(direction)):
+            for g in ("memory", "masks"):
+                est.parts[g] = Part(_sum(sizes, g), "on disk (tracked)")
+    return est
+
+
+def _sum(sizes: dict, group: str) -> int:
+    return sum(v for n, v in sizes.items() if group_of(n) == group)
+
+
+def measured_mask_bytes(store, T: int, C: int, start: int, direction: str,
+                        sample: int = 64) -> float | None:
+    """Bytes per tracked frame of the masks, from the chunk files of (up to `sample`) chunks
+    some pass has committed."""
+    plan = ChunkPlan(T, C)
+    done = set()
+    for d in passes(direction):
+        vector = store.ledger(f"track_{d}").done()
+        done |= {k for k in pass_chunks(plan, d, start) if k < len(vector) and vector[k]}
+    if not done:
+        return None
+    chunks = sorted(done)
+    step = max(1, len(chunks) // sample)
+    total = frames = 0
+    for k in chunks[::step]:
+        folder = store.path / "masks" / "c" / str(k)
+        total += _tree_bytes(folder) if folder.exists() else 0
+        frames += sum(pass_frame_count_in(d, start, *plan.bounds(k)) for d in passes(direction))
+    return total / frames if frames and total else None
+
+
+def _tree_bytes(folder) -> int:
+    from .store import _tree_bytes as tree
+    return tree(folder)
+
+
+# -- measuring the store ----------------------------------------------------------------------
+
+def disk_usage(path: Path) -> tuple[dict[str, int], int]:
+    """(bytes by array, bytes of the whole store) of the store at `path` ({}, 0 without one)."""
+    from .store import RunStore
+    if not RunStore.exists(path):
+        return {}, 0
+    store = RunStore.open(path, read_only=True)
+    sizes = store.array_bytes()
+    return sizes, store_total(store.path, sizes)
+
+
+def store_total(path: Path, sizes: dict[str, int]) -> int:
+    """Bytes of the whole store: its arrays (`RunStore.array_bytes`, one walk) and the
+    metadata of the groups holding them (the root's and every folder's above an array)."""
+    folders = {Path(".")} | {parent for name in sizes for parent in Path(name).parents}
+    total = sum(sizes.values())
+    for folder in folders:
+        try:
+            total += os.stat(Path(path) / folder / "zarr.json").st_size
+        except OSError:
+            pass
+    return total
+
+
+def group_bytes(sizes: dict[str, int], total: int) -> dict[str, int]:
+    """Bytes on disk by group; `other` is every file no array holds."""
+    out = {g: 0 for g in GROUPS}
+    for name, size in sizes.items():
+        out[group_of(name)] += size
+    out["other"] += total - sum(sizes.values())
+    return out
+
+
+def group_of(name: str) -> str:
+    top = name.split("/")[0]
+    if top in ("frames", "pts", "timestamps"):
+        return "frames"
+    if top in ("features", "memory"):
+        return top
+    if top in ("masks", "object_scores", "tracked", "prompt_masks"):
+        return "masks"
+    return "other"
+
+
+def frame_rate_of(store, sizes: dict) -> tuple[float | None, str] | None:
+    """Measured compressed bytes per frame from the store's frames, or None (none stored)."""
+    arr = store.array("frames")
+    if arr is None or arr.shape[0] == 0:
+        return None
+    data = sizes.get("frames", 0) - ARRAY_META
+    if data <= 0:
+        return None
+    n = arr.shape[0]
+    complete = "frame_count" in store.attrs
+    return data / n, ("measured, all frames" if complete
+                      else f"measured on the {n:,} frames stored")
+
+
+def from_store(store, later: Later | None = None, sample: tuple | None = None,
+               sizes: dict | None = None) -> Estimate | None:
+    """The estimate for an existing store (status, a resumed decode, encode, run); None when
+    the frame count is unknown. `sample`: (bytes per frame, basis) from a source sample, used
+    while the store holds no frame."""
+    later = later or Later()
+    attrs = store.attrs
+    if sizes is None:
+        sizes = store.array_bytes()
+    C, S = attrs["chunk_size"], attrs["image_size"]
+    video = attrs["video"]
+    if "frame_count" in attrs:
+        T, basis = attrs["frame_count"], "decoded"
+    else:
+        arr = store.array("frames")
+        stored = arr.shape[0] if arr is not None else 0
+        claimed = video.get("claimed_frames") or 0
+        if max(claimed, stored) == 0:
+            return None
+        T, basis = (claimed, _claim(video)) if claimed >= stored else (stored, "decoded so far")
+    rate = frame_rate_of(store, sizes)
+    if rate is None:
+        rate = sample or (None, "raw size (nothing decoded yet): an upper bound")
+    return build(T, basis, C, S, video["width"], video["height"], later, rate, store, sizes)
+
+
+def _claim(video: dict) -> str:
+    return "counted in the folder" if video.get("kind") == "frames" else "as the container claims"
+
+
+def before_decode(info, C: int, S: int, later: Later | None, sample: tuple | None) -> Estimate | None:
+    """The estimate for a store not created yet: the probe's claimed frame count, the sample."""
+    if not info.claimed_frames:
+        return None
+    rate = sample or (None, "raw size (no sample): an upper bound")
+    return build(info.claimed_frames, _claim({"kind": info.kind}), C, S, info.width, info.height,
+                 later or Later(), rate)
+
+
+def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] | None:
+    """Compressed bytes per frame of the source at model size S, as the store will compress
+    them: up to `SAMPLE_FRAMES` consecutive frames from the start and from the middle, each
+    run compressed as one chunk (zstd level 3 and a crc32c, the store's codecs); the mean.
+    None when no frame can be sampled (the estimate then uses the raw size)."""
+    import numpy as np
+    from numcodecs import Zstd
+    from .stages.decode import model_input
+    n = max(1, min(C, SAMPLE_FRAMES))
+    runs = []
+    try:
+        starts = [0]
+        if info.claimed_frames and info.claimed_frames >= 3 * n:
+            starts.append(info.claimed_frames // 2)
+        for start in starts:
+            pictures = _pictures(Path(video), info, start, n)
+            if pictures:
+                chunk = np.stack([model_input(p, S) for p in pictures])
+                runs.append((len(Zstd(level=3).encode(chunk.tobytes())) + 4, len(chunk)))
+    except Exception:  # noqa: BLE001 - a sample is a hint: damage is decode's to report
+        pass
+    if not runs:
+        return None
+    per_frame = sum(b for b, _ in runs) / sum(n for _, n in runs)
+    frames = sum(n for _, n in runs)
+    return per_frame, f"zstd, {human(per_frame)} a frame measured on {frames} sample frames"
+
+
+def _pictures(video: Path, info, start: int, n: int) -> list:
+    """`n` pictures from about frame `start` (a seek to its time: position need not be
+    exact for a sample)."""
+    if video.is_dir():
+        from .frame_folder import iter_frames
+        out = []
+        for _, _, picture in iter_frames(video, start):
+            out.append(picture)
+            if len(out) == n:
+                break
+        return out
+    from .video import Picture, _decode, open_video
+    container, stream = open_video(video, info.stream)
+    try:
+        if start and info.fps:
+            target = (info.start_time + start / info.fps) / stream.time_base
+            container.seek(int(target), stream=stream, backward=True, any_frame=False)
+        out = []
+        for frame in _decode(container, stream):
+            out.append(Picture(frame))
+            if len(out) == n:
+                break
+        return [_Loaded(p()) for p in out]  # converted while the container is open
+    finally:
+        container.close()
+
+
+class _Loaded:
+    def __init__(self, image):
+        self.image = image
+
+    def __call__(self):
+        return self.image
+
+
+# -- the check --------------------------------------------------------------------------------
+
+def free_bytes(path: Path) -> tuple[int, Path]:
+    """Free bytes (for this user) on the file system of `path` or of its nearest existing
+    parent, and that folder."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free, path
+
+
+def check(est: Estimate | None, store_path: Path, stages, command: str, quiet: bool,
+          enabled: bool = True, present: int | None = None) -> None:
+    """Print the estimate (unless `quiet`), then refuse with `NotEnoughSpace` when the store
+    needs more bytes than its file system has free."""
+    from . import log
+    if est is None:
+        log.info(f"{command}: no storage estimate (the source does not say how many frames it "
+                 f"has); free space not checked", quiet)
+        return
+    if present is None:
+        present = disk_usage(store_path)[1]
+    need = max(0, est.bytes_for(stages) - present)
+    free, where = free_bytes(store_path)
+    for line in est.lines():
+        log.info(line, quiet)
+    log.info(f"{command} writes up to {human(est.bytes_for(stages))} of it"
+             + (f" ({human(present)} already in the store)" if present else "")
+             + f"; {human(free)} free on {where}", quiet)
+    if enabled and need > free:
+        raise NotEnoughSpace(
+            f"not enough space for {store_path}: {command} needs about {human(need)} more, "
+            f"{where} has {human(free)} free; free some space, or pass --no-space-check to "
+            f"start anyway")
+
+
+class SpaceGuard:
+    """The estimate and the free-space check of one command, made once, just before the
+    first stage that has work writes anything (decode and encode call it; `run` calls
+    `before_track` itself when decode and encode had nothing to do).
+
+    `stages`: the stages the command runs ("decode", "encode", "track"), whose groups the
+    check counts; `later`: what the later stages will use."""
+
+    def __init__(self, store_path, stages, command: str, later: Later | None = None,
+                 enabled: bool = True, quiet: bool = False):
+        self.store_path, self.stages, self.command = Path(store_path), tuple(stages), command
+        self.later, self.enabled, self.quiet = later or Later(), enabled, quiet
+        self.done = False
+
+    def before_decode(self, store, video: Path, info, C: int, S: int) -> None:
+        """Decode is about to write: `store` is the store it resumes, or None (a new store,
+        or one started over: `--force`)."""
+        if self.done:
+            return
+        later = self._later(info.width, info.height)
+        sizes = store.array_bytes() if store is not None else {}
+        sample = None
+        if store is None or frame_rate_of(store, sizes) is None:
+            sample = sample_frame_bytes(video, info, C, S)
+        if store is not None:
+            est = from_store(store, later, sample, sizes)
+        else:
+            est = before_decode(info, C, S, later, sample)
+        self._check(est)
+
+    def before_encode(self, store, embedding_dtype: str, precision: str) -> None:
+        """Encode is about to write, with these settings."""
+        if self.done:
+            return
+        video = store.attrs["video"]
+        later = self._later(video["width"], video["height"])
+        later.embedding_dtype, later.precision = embedding_dtype, precision
+        self._check(from_store(store, later))
+
+    def before_track(self, store) -> None:
+        """`run`, when decode and encode had nothing to do."""
+        if not self.done:
+            video = store.attrs["video"]
+            self._check(from_store(store, self._later(video["width"], video["height"])))
+
+    def _later(self, width: int, height: int) -> Later:
+        """`later` with its prompts read (objects, frames, mask prompts: the frame range is
+        track's to check once the frame count is known; prompts that cannot be read are
+        reported by track, and the estimate is then per object) and the default precision
+        of the device where it matters (bfloat16 embeddings)."""
+        later = Later(**vars(self.later))
+        if later.prompts is not None:
+            from . import prompts as prompt_file
+            try:
+                later.prompts = prompt_file.load(later.prompts, 1 << 62, width, height)
+            except Exception:  # noqa: BLE001
+                later.prompts = None
+        if later.embedding_dtype == "bfloat16" and later.precision is None:
+            from .model import pick_device, pick_precision
+            try:
+                later.precision = pick_precision(None, pick_device(later.device))
+            except Exception:  # noqa: BLE001 - encode reports a bad device
+                pass
+        return later
+
+    def _check(self, est: Estimate | None) -> None:
+        self.done = True
+        check(est, self.store_path, self.stages, self.command, self.quiet, self.enabled)
