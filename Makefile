@@ -25,9 +25,14 @@ demo: install
 	$(VENV)/bin/segpipe status --store $(DEMO)/sample.zarr
 	@echo "demo results: store $(DEMO)/sample.zarr, exports in $(DEMO)/sample.export/"
 
+# Test files run in parallel, one per worker process (a file's fixtures are built once),
+# each worker's torch on one thread: two-thread workers on shared cores spin against each
+# other. Every bit-for-bit comparison is between runs under the same thread count.
+WORKERS ?= auto
+
 test: install
 	@$(PY) -c "import torch, sam2, zarr, av; print(f'tested with torch {torch.__version__}, sam2 1.1.0, zarr {zarr.__version__}, PyAV {av.__version__}')"
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	for b in startup decode encode track export overhead; do $(PY) benchmarks/bench_$$b.py || exit 1; done
