@@ -149,13 +149,11 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     disk; the video is then decoded twice, once to count and time its frames, and again
     chunk by chunk as the passes need them). The setting is the store's from then on.
 
-    Before writing, the storage estimate of the whole store (as `--keep all` leaves it) is
-    printed and checked against the free space (`space_check=False` skips the check; under
-    `keep="masks"` it is not made: the store stays far below that estimate).
-
     Before the first write, the storage estimate of the whole store is shown (memory and
     masks for the prompts' objects) and, with `space_check`, `NotEnoughSpace` is raised when
-    the store's file system has less free space than the run still needs.
+    the store's file system has less free space than the run still needs. The estimate is
+    that of `keep="all"`; under `keep="masks"` the check is not made (the store stays far
+    below it).
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
