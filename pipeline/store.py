@@ -173,8 +173,18 @@ class RunStore:
         return dict(self.group.attrs)
 
     def set_attrs(self, **values) -> None:
-        self.group.attrs.update(values)
+        """All `values` in one write of the group's zarr.json. (`attrs.update` writes it once
+        per key: a kill between decode's `frame_count` and `decode_warning` left a store that
+        read as decoded but lacked the warning.)"""
+        self.group.update_attributes(values)
         fsync_entry(self.path / "zarr.json", self.path)
+
+    def drop_attrs(self, *keys) -> None:
+        """Remove `keys` (those present), in one write of zarr.json."""
+        kept = {k: v for k, v in self.group.attrs.items() if k not in keys}
+        if len(kept) < len(self.group.attrs):
+            self.group.attrs.put(kept)
+            fsync_entry(self.path / "zarr.json", self.path)
 
     def require(self, setting: str, have, want) -> None:
         """Refuse to mix settings in one store."""
@@ -491,8 +501,4 @@ def reset_from(store: RunStore, stage: str) -> None:
     for s in stages:
         for name in STAGE_OUTPUTS[s]["arrays"]:
             store.delete(name)
-    for s in stages:
-        for key in STAGE_OUTPUTS[s]["attrs"]:
-            if key in store.group.attrs:
-                del store.group.attrs[key]
-    fsync_entry(store.path / "zarr.json", store.path)
+    store.drop_attrs(*(key for s in stages for key in STAGE_OUTPUTS[s]["attrs"]))

@@ -47,6 +47,30 @@ def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
     assert "no damage found" in proc.stderr
 
 
+
+def test_attributes_set_or_dropped_together_are_one_write(tmp_path, monkeypatch):
+    """decode records `frame_count` and `decode_warning` together: written one key at a time, a
+    kill between the two left a store that read as decoded but lacked the warning. A spy on
+    zarr's LocalStore.set (it still writes) counts the writes of the group's zarr.json."""
+    from zarr.storage import LocalStore
+    store = RunStore.create(tmp_path / "s.zarr", {"chunk_size": 4})
+    writes = []
+    real = LocalStore.set
+
+    async def spy(self, key, value, *args, **kwargs):
+        writes.append(key)
+        return await real(self, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(LocalStore, "set", spy)
+    store.set_attrs(frame_count=24, decode_warning=None, model={"name": "m"})
+    assert writes == ["zarr.json"]
+    store.drop_attrs("frame_count", "model", "absent")
+    assert writes == ["zarr.json"] * 2
+    monkeypatch.undo()
+    attrs = zarr.open_group(str(tmp_path / "s.zarr"), mode="r").attrs.asdict()
+    assert attrs == {"format": "segpipe", "schema_version": attrs["schema_version"],
+                     "chunk_size": 4, "decode_warning": None}
+
 # -- power loss: directory entries are durable before the ledger entry ---------------------
 
 def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(tmp_path, monkeypatch,
