@@ -21,6 +21,7 @@ from segpipe import log
 from segpipe.chunks import ChunkPlan, pass_chunks, passes
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.lock import holds_store_lock
+from segpipe.maskio import mask_batches
 from segpipe.stages.decode import source_from
 from segpipe.track_settings import stored_settings
 from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
@@ -116,10 +117,10 @@ class DavisWriter:
         for obj in self.ids if self.job.per_object else ():
             make_folder(self.out / f"{obj:03d}")
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         files = []
-        for i, frame_masks in enumerate(masks):
-            name = f"{self.job.name(lo + i)}.png"
+        for t, frame_masks in each_frame(batches):
+            name = f"{self.job.name(t)}.png"
             if self.job.per_object:
                 for slot, obj in enumerate(self.ids):
                     files.append(self._save(self.out / f"{obj:03d}" / name,
@@ -149,10 +150,10 @@ class VisJsonWriter:
     def start(self):
         make_folder(self.parts)
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         from pycocotools import mask as mask_util
         part = {str(i): {"segmentations": [], "areas": [], "bboxes": []} for i in self.ids}
-        for frame_masks in masks:
+        for _, frame_masks in each_frame(batches):
             for slot, obj in enumerate(self.ids):
                 m = frame_masks[slot]
                 entry = part[str(obj)]
@@ -271,13 +272,13 @@ class OverlayWriter:
                 raise BadInput(f"source video {self.source} ends before frame {t}; overlay refused")
             yield frame
 
-    def chunk(self, k, lo, masks) -> list[Path]:
-        frames = self.frames(lo, len(masks))
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
+        frames = self.frames(lo, hi - lo)
         path = self.parts / f"{k:06d}.mp4"
         tmp = self.parts / f".{k:06d}.tmp.mp4"
         with av.open(str(tmp), "w") as out:
             stream = self._stream(out)
-            for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks, frames):
+            for (t, frame_masks), (_, _, picture) in zip(each_frame(batches), frames):
                 image = picture()
                 if image.size != self.size:  # a mid-stream size change: back to the first size
                     image = image.resize(self.size)
@@ -370,10 +371,9 @@ class OverlayFramesWriter(OverlayWriter):
     def start(self):
         make_folder(self.out)
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         files = []
-        for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks,
-                                                    self.frames(lo, len(masks))):
+        for (t, frame_masks), (_, _, picture) in zip(each_frame(batches), self.frames(lo, hi - lo)):
             image = picture()
             if image.size != self.size:
                 image = image.resize(self.size)
@@ -392,6 +392,13 @@ WRITERS = {"davis": DavisWriter, "vis-json": VisJsonWriter, "overlay": OverlayWr
            "frames": OverlayFramesWriter}
 OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.mp4",
                 "frames": "overlay_frames"}
+
+
+def each_frame(batches):
+    """(frame index, (O, H, W) masks) of each frame of `mask_batches`' batches, in order."""
+    for a, masks in batches:
+        for i, frame_masks in enumerate(masks):
+            yield a + i, frame_masks
 
 
 def make_folder(folder: Path) -> None:
@@ -516,11 +523,12 @@ class Export:
         return self.store.ledger(self.stage).todo(self.chunks)
 
     def chunk(self, k: int) -> None:
-        """Export chunk k (its masks must be final) and commit it."""
+        """Export chunk k (its masks must be final) and commit it. The writer gets the masks
+        in batches of frames bounded in bytes (`mask_batches`), never the whole chunk."""
         self.start()
         lo, hi = self.frames_of(k)
-        masks = self.store.read("masks", lo, hi)[:, self.slots]
-        self.store.commit(self.stage, k, files=self.writer.chunk(k, lo, masks))
+        batches = mask_batches(self.store, lo, hi, self.slots)
+        self.store.commit(self.stage, k, files=self.writer.chunk(k, lo, hi, batches))
 
     def run(self, quiet: bool) -> None:
         """Every chunk not yet exported, then the finish."""

@@ -10,9 +10,10 @@ import zarr
 from PIL import Image
 
 from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
-                      tree_digest, tree_mtimes, wait_for)
+                      to_old_layout, tree_digest, tree_mtimes, wait_for)
+from segpipe import maskio
 from segpipe.stages.encode import encode
-from segpipe.stages.export import compose, davis_palette
+from segpipe.stages.export import FORMATS, compose, davis_palette, export
 from segpipe.stages.track import track
 
 
@@ -45,6 +46,26 @@ def gt_store(tracked, clip_dir, tmp_path_factory):
 def stored(store):
     group = zarr.open_group(str(store), mode="r")
     return group["masks"][...], group["masks"].attrs["object_ids"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_masks_in_one_frame_batches_and_old_stores_export_the_same_files(
+        tracked, pristine, tmp_path, monkeypatch, fmt):
+    """Exports read masks in batches bounded in bytes, not whole chunks: with a budget of one
+    byte (one frame a batch, one frame packed at a time) every format writes the same bytes;
+    so does a store made before masks were chunked per object ((C, O, H, W) chunks)."""
+    assert zarr.open_group(str(tracked), mode="r")["masks"].chunks == (2, 1, 120, 160)
+    old = to_old_layout(shutil.copytree(pristine, tmp_path / "old.zarr"))
+    name = {"davis": "d", "vis-json": "v.json", "overlay": "o.mp4", "frames": "f"}[fmt]
+    outs = {}
+    for label, store in (("ref", tracked), ("old", old)):
+        outs[label] = tmp_path / f"{label}_{name}"
+        segpipe("export", "--store", store, "--format", fmt, "--out", outs[label], "--quiet",
+                check=True)
+    monkeypatch.setattr(maskio, "BATCH_BYTES", 1)
+    outs["small"] = export(tracked, fmt, tmp_path / f"small_{name}", quiet=True)
+    digests = {k: tree_digest(v) if v.is_dir() else v.read_bytes() for k, v in outs.items()}
+    assert digests["ref"] and digests["small"] == digests["ref"] and digests["old"] == digests["ref"]
 
 
 def test_overlaps_go_to_the_lowest_id():
