@@ -306,25 +306,33 @@ class OverlayWriter:
         stream.options = {"crf": "18", "preset": "veryfast", "bf": "0", "threads": "1"}
         return stream
 
+    STRIP_ROWS = 256  # rows blended at once: float32 copies of a strip, not of a 4K frame
+
     def draw(self, rgb: np.ndarray, masks: np.ndarray) -> np.ndarray:
-        img = rgb.astype(np.float32)
-        for slot, obj in enumerate(self.ids):
-            m = masks[slot]
-            if m.any():
+        """Each object's colour blended in (in object order), its outline drawn, its id at
+        its centroid. Computed in strips of rows, pixel for pixel what the whole frame at
+        once gives (an outline pixel looks one row beyond its strip)."""
+        H = rgb.shape[0]
+        present = [(slot, obj) for slot, obj in enumerate(self.ids) if masks[slot].any()]
+        out = np.empty_like(rgb)
+        for r0 in range(0, H, self.STRIP_ROWS):
+            r1 = min(r0 + self.STRIP_ROWS, H)
+            img = rgb[r0:r1].astype(np.float32)
+            for slot, obj in present:
+                m = masks[slot, r0:r1]
                 img[m] = (1 - self.ALPHA) * img[m] + self.ALPHA * self.colours[obj]
-        for slot, obj in enumerate(self.ids):
-            m = masks[slot]
-            if m.any():
-                img[m & ~_erode(m)] = self.colours[obj]
-        out = Image.fromarray(img.round().clip(0, 255).astype(np.uint8))
-        draw = ImageDraw.Draw(out)
-        for slot, obj in enumerate(self.ids):
-            ys, xs = np.nonzero(masks[slot])
-            if len(xs):
-                x, y = int(xs.mean()), int(ys.mean())
-                draw.text((x, y), str(obj), fill=(255, 255, 255), stroke_width=1,
-                          stroke_fill=(0, 0, 0), anchor="mm")
-        return np.asarray(out)
+            h0, h1 = max(r0 - 1, 0), min(r1 + 1, H)  # the rows an outline pixel looks at
+            for slot, obj in present:
+                inner = _erode(masks[slot, h0:h1])[r0 - h0:r0 - h0 + r1 - r0]
+                img[masks[slot, r0:r1] & ~inner] = self.colours[obj]
+            out[r0:r1] = img.round().clip(0, 255).astype(np.uint8)
+        image = Image.fromarray(out)
+        draw = ImageDraw.Draw(image)
+        for slot, obj in present:
+            x, y = _centroid(masks[slot])
+            draw.text((x, y), str(obj), fill=(255, 255, 255), stroke_width=1,
+                      stroke_fill=(0, 0, 0), anchor="mm")
+        return np.asarray(image)
 
     def finish(self, chunks):
         """Concatenate the chunk segments by remuxing (no re-encode); each segment starts at
@@ -416,6 +424,16 @@ def parts_dir(out: Path) -> Path:
 
 def remove_parts(out: Path) -> None:
     shutil.rmtree(parts_dir(out), ignore_errors=True)
+
+
+def _centroid(m: np.ndarray) -> tuple[int, int]:
+    """(int(xs.mean()), int(ys.mean())) of the mask's pixels, without listing them (two int64
+    arrays as long as the mask): the coordinate sums are exact integers, so the float64 means
+    are numpy's bit for bit."""
+    n = int(np.count_nonzero(m))
+    xs = int((m.sum(axis=0, dtype=np.int64) * np.arange(m.shape[1], dtype=np.int64)).sum())
+    ys = int((m.sum(axis=1, dtype=np.int64) * np.arange(m.shape[0], dtype=np.int64)).sum())
+    return int(np.float64(xs) / n), int(np.float64(ys) / n)
 
 
 def _erode(m: np.ndarray) -> np.ndarray:

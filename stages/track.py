@@ -258,9 +258,9 @@ class Tracker:
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
                 scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
-            video_res = self.video_res(state, logits)
-            host_masks[f - lo].copy_(pack_bits(video_res[:, 0] > self.threshold),
-                                     non_blocking=cuda)
+            for o, video_res in self.video_res(state, logits):
+                masks = pack_bits(video_res[:, 0] > self.threshold)
+                host_masks[f - lo, o:o + len(masks)].copy_(masks, non_blocking=cuda)
             frame_scores[f] = torch.cat(scores).float()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
@@ -274,23 +274,33 @@ class Tracker:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
         self.write(k, lo, host_masks.numpy(), scores, mine, memory)
 
-    def video_res(self, state: dict, logits: list) -> torch.Tensor:
-        """The frame's (O, 1, H, W) mask logits at the video's size. Objects tracked together
-        go through SAM 2's `_get_orig_video_res_output` as one batch, as its predictor does;
-        objects tracked from their own starts one by one (each alone in its own state, as
-        vos_inference tracks them), the absent ones at -1024, then non-overlap."""
+    def video_res(self, state: dict, logits: list):
+        """The frame's mask logits at the video's size, as (first slot, (n, 1, H, W))
+        pieces. Objects tracked together go through SAM 2's `_get_orig_video_res_output` as
+        its predictor does, one object at a time (bilinear upsampling computes each pixel
+        of each object alone, so the logits are the batch's bit for bit; at 4K an object's
+        are 33 MB, all objects' O times that); under non-overlap, which compares objects
+        pixel by pixel, as one batch. Objects tracked from their own starts go one by one
+        (each alone in its own state, as vos_inference tracks them), the absent ones at
+        -1024, then non-overlap over all of them."""
         if not self.own:
+            if not self.predictor.non_overlap_masks:
+                for o, pred in enumerate(logits):
+                    yield o, self.predictor._get_orig_video_res_output(state, pred)[1]
+                return
             all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
-            return self.predictor._get_orig_video_res_output(state, all_logits)[1]
+            yield 0, self.predictor._get_orig_video_res_output(state, all_logits)[1]
+            return
         device = self.predictor.device
-        rows = [torch.full((1, 1, self.height, self.width), ABSENT_LOGIT, device=device)
+        rows = (torch.full((1, 1, self.height, self.width), ABSENT_LOGIT, device=device)
                 if pred is None else
                 self.predictor._get_orig_video_res_output(state, pred)[1].float()
-                for pred in logits]
-        video_res = torch.cat(rows, dim=0)
-        if self.predictor.non_overlap_masks:
-            video_res = self.predictor._apply_non_overlapping_constraints(video_res)
-        return video_res
+                for pred in logits)
+        if not self.predictor.non_overlap_masks:
+            yield from enumerate(rows)
+            return
+        video_res = torch.cat(list(rows), dim=0)
+        yield 0, self.predictor._apply_non_overlapping_constraints(video_res)
 
     def write(self, k, lo, packed, scores, mine, memory) -> None:
         """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
