@@ -30,7 +30,7 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install
-	for b in startup decode encode track export overhead; do $(PY) benchmarks/bench_$$b.py || exit 1; done
+	for b in startup decode encode track export overhead 4k; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf build
