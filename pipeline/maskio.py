@@ -73,18 +73,32 @@ def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np
 def mask_batches(store: RunStore, lo: int, hi: int, slots: list[int],
                  budget: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """(first frame, (n, len(slots), H, W) bool masks) for frames lo..hi-1 in order, in
-    batches of at most `budget` bytes (at least one frame). Frames are read a segment at a
-    time, packed, holding at most `budget` bytes packed too; a segment reads each of its zarr
-    chunks once (a chunk longer than a segment is read once per segment)."""
+    batches of at most `budget` bytes (at least one frame). Where the frames fit one batch
+    they are read as they are: in one read when the zarr chunks holding them fit the budget
+    too (small videos), else one zarr chunk (object) at a time. Otherwise they are read a
+    segment at a time, packed, holding at most `budget` bytes packed too, one zarr chunk at a
+    time; a segment reads each of its zarr chunks once (a chunk longer than a segment is read
+    once per segment)."""
     budget = BATCH_BYTES if budget is None else budget
-    H, W = store.array("masks").shape[2:]
+    arr = store.array("masks")
+    H, W = arr.shape[2:]
+    step = arr.chunks[0]
+
+    def decoded(a, b, objects):  # bytes of the whole zarr chunks holding frames a..b-1
+        return (-(-b // step) - a // step) * step * objects * H * W
+
     n = max(1, len(slots))
     batch = max(1, budget // (n * H * W))
     span = max(batch, budget // (n * packed_size(H, W)))
     for a in range(lo, hi, span):
         b = min(a + span, hi)
         if b - a <= batch:  # the segment fits one batch: no packing
-            yield a, _read(store, a, b, slots, packed=False)
+            c0, c1 = min(slots), max(slots) + 1
+            if decoded(a, b, c1 - c0) <= budget:  # one read: zarr decodes the chunks at once
+                data = store.read("masks", a, b, cols=slice(c0, c1))
+                yield a, data if slots == list(range(c0, c1)) else data[:, [s - c0 for s in slots]]
+            else:
+                yield a, _read(store, a, b, slots, packed=False)
             continue
         packed = _read(store, a, b, slots, packed=True)
         for c in range(a, b, batch):
