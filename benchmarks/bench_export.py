@@ -28,7 +28,7 @@ def fake_tracked_store(store: Path, masks_for) -> None:
     T, C = s.attrs["frame_count"], s.attrs["chunk_size"]
     H, W = s.attrs["video"]["height"], s.attrs["video"]["width"]
     ids = [1, 2, 3]
-    arr = s.create_array("masks", (T, 3, H, W), (C, 3, H, W), "bool", fill_value=False,
+    arr = s.create_array("masks", (T, 3, H, W), (C, 1, H, W), "bool", fill_value=False,
                          attributes={"object_ids": ids})
     for k in ChunkPlan(T, C):
         lo, hi = ChunkPlan(T, C).bounds(k)

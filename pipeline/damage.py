@@ -28,10 +28,16 @@ class Damage:
 
 
 def _check(store: RunStore, name: str, k: int, found: list[Damage]) -> bool:
+    """Whether pipeline chunk k of `name` reads back intact: every zarr chunk of it (`masks`
+    has one per object) read and verified one at a time, so a chunk of masks is never held
+    whole."""
     arr = store.array(name)
     step = arr.chunks[0]
+    lo, hi = k * step, min((k + 1) * step, arr.shape[0])
+    groups = [slice(a, b) for a, b in store.col_groups(name)] if arr.ndim > 1 else []
     try:
-        store.read(name, k * step, min((k + 1) * step, arr.shape[0]))
+        for cols in groups or [None]:
+            store.read(name, lo, hi, cols=cols)
         return True
     except DamagedStore as e:
         found.append(Damage(name, k, e.reason))
@@ -110,8 +116,8 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)
     for d in found:  # gone before the redo: a chunk written only in part is read first
-        arr = store.array(d.array)
-        store.chunk_file(d.array, d.chunk, arr.ndim).unlink(missing_ok=True)
+        for path in store.chunk_files(d.array, d.chunk):  # (masks: every object's)
+            path.unlink(missing_ok=True)
     if UNTRACKED in redo:
         write_untracked(store, sorted(redo[UNTRACKED]))
     if "decode" in redo:

@@ -7,6 +7,7 @@ after the chunk's data has been fsynced (`RunStore.commit`).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from pathlib import Path
 
@@ -228,29 +229,61 @@ class RunStore:
         return arr
 
     def chunk_file(self, name: str, k: int, ndim: int) -> Path:
-        """The file of chunk k along the first axis (every other axis is one chunk)."""
+        """The file of chunk k along the first axis, first zarr chunk along every other axis
+        (the only one, for arrays chunked along the first axis alone)."""
         return self.path.joinpath(name, "c", str(k), *["0"] * (ndim - 1))
 
-    def read(self, name: str, lo: int | None = None, hi: int | None = None) -> np.ndarray:
-        """arr[lo:hi], verified: a missing chunk file (zarr would silently return fill) or a
-        chunk failing its crc32c check raises `DamagedStore` naming the array and chunk."""
+    def chunk_files(self, name: str, k: int, cols: slice | None = None) -> list[Path]:
+        """Every file of pipeline chunk k (chunk k along the first axis): one per zarr chunk
+        along the other axes, as the array is chunked (`masks` of new stores: one per object;
+        stores made before: one). `cols` narrows axis 1 to the zarr chunks it touches."""
+        folder = self.path / name / "c" / str(k)
+        return [folder.joinpath(*idx) for idx in _chunk_grid(self.array(name), cols)]
+
+    def col_groups(self, name: str) -> list[tuple[int, int]]:
+        """[a, b) ranges of axis 1 that one zarr chunk each holds (new stores' `masks`: one
+        object each; arrays not chunked along axis 1: the whole axis)."""
+        arr = self.array(name)
+        n, step = arr.shape[1], arr.chunks[1]
+        return [(a, min(a + step, n)) for a in range(0, n, step)]
+
+    def read(self, name: str, lo: int | None = None, hi: int | None = None,
+             cols: slice | None = None) -> np.ndarray:
+        """arr[lo:hi] (arr[lo:hi, cols] with `cols`), verified: a missing chunk file (zarr
+        would silently return fill) or a chunk failing its crc32c check raises `DamagedStore`
+        naming the array and (pipeline) chunk."""
         arr = self.array(name)
         lo = 0 if lo is None else lo
         hi = arr.shape[0] if hi is None else hi
         step = arr.chunks[0]
         chunks = range(lo // step, -(-hi // step))
+        grid, folder = _chunk_grid(arr, cols), self.path / name / "c"
         for k in chunks:
-            if not self.chunk_file(name, k, arr.ndim).is_file():
-                raise DamagedStore(self.path, name, k, "is missing")
+            for path in (folder.joinpath(str(k), *idx) for idx in grid):
+                if not path.is_file():
+                    raise DamagedStore(self.path, name, k,
+                                       "is missing" + self._which(name, path))
+        index = (slice(lo, hi),) if cols is None else (slice(lo, hi), cols)
         try:
-            return arr[lo:hi]
-        except Exception:  # noqa: BLE001 - find the chunk that fails
+            return arr[index]
+        except Exception:  # noqa: BLE001 - find the chunk that fails, one zarr chunk at a time
             for k in chunks:
-                try:
-                    arr[k * step:(k + 1) * step]
-                except Exception as e:  # noqa: BLE001 - checksum, codec, truncation
-                    raise DamagedStore(self.path, name, k, f"is corrupt ({str(e).split('.')[0]})") from None
+                for idx in grid:
+                    region = tuple(slice(i * c, (i + 1) * c)
+                                   for i, c in zip((k, *map(int, idx)), arr.chunks))
+                    try:
+                        arr[region]
+                    except Exception as e:  # noqa: BLE001 - checksum, codec, truncation
+                        raise DamagedStore(self.path, name, k, f"is corrupt ({str(e).split('.')[0]})"
+                                           + self._which(name, folder.joinpath(str(k), *idx))) from None
             raise
+
+    def _which(self, name: str, path: Path) -> str:
+        """Which file of a pipeline chunk, where the chunk has several (masks: one per object)."""
+        arr = self.array(name)
+        if all(c >= n for c, n in zip(arr.chunks[1:], arr.shape[1:])):
+            return ""
+        return f" (zarr chunk {path.relative_to(self.path / name).as_posix()})"
 
     def delete(self, name: str) -> None:
         if name in self.group:
@@ -299,6 +332,20 @@ class RunStore:
             fsync_path_dir(folder)
         self.ledger(stage).mark_done(chunk)
         interrupt.check()  # a Ctrl-C / SIGTERM stops here, between two committed chunks
+
+
+def _chunk_grid(arr: zarr.Array, cols: slice | None = None) -> list[tuple[str, ...]]:
+    """The zarr chunk indices along axes 1.. (as key parts) of one pipeline chunk; `cols`
+    narrows axis 1. An axis of length 0 counts one chunk, as segpipe always has."""
+    grid = []
+    for axis in range(1, arr.ndim):
+        step = arr.chunks[axis]
+        if axis == 1 and cols is not None:
+            a, b, _ = cols.indices(arr.shape[1])
+            grid.append(range(a // step, -(-b // step)))
+        else:
+            grid.append(range(max(1, -(-arr.shape[axis] // step))))
+    return [tuple(map(str, idx)) for idx in itertools.product(*grid)]
 
 
 def _record(value: int) -> bytes:

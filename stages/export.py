@@ -21,6 +21,7 @@ from segpipe import log
 from segpipe.chunks import ChunkPlan, pass_chunks, passes
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.lock import holds_store_lock
+from segpipe.maskio import mask_batches
 from segpipe.stages.decode import source_from
 from segpipe.track_settings import stored_settings
 from segpipe.store import RunStore, atomic_write, fsync_path, fsync_path_dir, same_file
@@ -116,10 +117,10 @@ class DavisWriter:
         for obj in self.ids if self.job.per_object else ():
             make_folder(self.out / f"{obj:03d}")
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         files = []
-        for i, frame_masks in enumerate(masks):
-            name = f"{self.job.name(lo + i)}.png"
+        for t, frame_masks in each_frame(batches):
+            name = f"{self.job.name(t)}.png"
             if self.job.per_object:
                 for slot, obj in enumerate(self.ids):
                     files.append(self._save(self.out / f"{obj:03d}" / name,
@@ -149,10 +150,10 @@ class VisJsonWriter:
     def start(self):
         make_folder(self.parts)
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         from pycocotools import mask as mask_util
         part = {str(i): {"segmentations": [], "areas": [], "bboxes": []} for i in self.ids}
-        for frame_masks in masks:
+        for _, frame_masks in each_frame(batches):
             for slot, obj in enumerate(self.ids):
                 m = frame_masks[slot]
                 entry = part[str(obj)]
@@ -271,13 +272,13 @@ class OverlayWriter:
                 raise BadInput(f"source video {self.source} ends before frame {t}; overlay refused")
             yield frame
 
-    def chunk(self, k, lo, masks) -> list[Path]:
-        frames = self.frames(lo, len(masks))
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
+        frames = self.frames(lo, hi - lo)
         path = self.parts / f"{k:06d}.mp4"
         tmp = self.parts / f".{k:06d}.tmp.mp4"
         with av.open(str(tmp), "w") as out:
             stream = self._stream(out)
-            for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks, frames):
+            for (t, frame_masks), (_, _, picture) in zip(each_frame(batches), frames):
                 image = picture()
                 if image.size != self.size:  # a mid-stream size change: back to the first size
                     image = image.resize(self.size)
@@ -305,25 +306,33 @@ class OverlayWriter:
         stream.options = {"crf": "18", "preset": "veryfast", "bf": "0", "threads": "1"}
         return stream
 
+    STRIP_ROWS = 256  # rows blended at once: float32 copies of a strip, not of a 4K frame
+
     def draw(self, rgb: np.ndarray, masks: np.ndarray) -> np.ndarray:
-        img = rgb.astype(np.float32)
-        for slot, obj in enumerate(self.ids):
-            m = masks[slot]
-            if m.any():
+        """Each object's colour blended in (in object order), its outline drawn, its id at
+        its centroid. Computed in strips of rows, pixel for pixel what the whole frame at
+        once gives (an outline pixel looks one row beyond its strip)."""
+        H = rgb.shape[0]
+        present = [(slot, obj) for slot, obj in enumerate(self.ids) if masks[slot].any()]
+        out = np.empty_like(rgb)
+        for r0 in range(0, H, self.STRIP_ROWS):
+            r1 = min(r0 + self.STRIP_ROWS, H)
+            img = rgb[r0:r1].astype(np.float32)
+            for slot, obj in present:
+                m = masks[slot, r0:r1]
                 img[m] = (1 - self.ALPHA) * img[m] + self.ALPHA * self.colours[obj]
-        for slot, obj in enumerate(self.ids):
-            m = masks[slot]
-            if m.any():
-                img[m & ~_erode(m)] = self.colours[obj]
-        out = Image.fromarray(img.round().clip(0, 255).astype(np.uint8))
-        draw = ImageDraw.Draw(out)
-        for slot, obj in enumerate(self.ids):
-            ys, xs = np.nonzero(masks[slot])
-            if len(xs):
-                x, y = int(xs.mean()), int(ys.mean())
-                draw.text((x, y), str(obj), fill=(255, 255, 255), stroke_width=1,
-                          stroke_fill=(0, 0, 0), anchor="mm")
-        return np.asarray(out)
+            h0, h1 = max(r0 - 1, 0), min(r1 + 1, H)  # the rows an outline pixel looks at
+            for slot, obj in present:
+                inner = _erode(masks[slot, h0:h1])[r0 - h0:r0 - h0 + r1 - r0]
+                img[masks[slot, r0:r1] & ~inner] = self.colours[obj]
+            out[r0:r1] = img.round().clip(0, 255).astype(np.uint8)
+        image = Image.fromarray(out)
+        draw = ImageDraw.Draw(image)
+        for slot, obj in present:
+            x, y = _centroid(masks[slot])
+            draw.text((x, y), str(obj), fill=(255, 255, 255), stroke_width=1,
+                      stroke_fill=(0, 0, 0), anchor="mm")
+        return np.asarray(image)
 
     def finish(self, chunks):
         """Concatenate the chunk segments by remuxing (no re-encode); each segment starts at
@@ -370,10 +379,9 @@ class OverlayFramesWriter(OverlayWriter):
     def start(self):
         make_folder(self.out)
 
-    def chunk(self, k, lo, masks) -> list[Path]:
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
         files = []
-        for t, frame_masks, (_, _, picture) in zip(range(lo, lo + len(masks)), masks,
-                                                    self.frames(lo, len(masks))):
+        for (t, frame_masks), (_, _, picture) in zip(each_frame(batches), self.frames(lo, hi - lo)):
             image = picture()
             if image.size != self.size:
                 image = image.resize(self.size)
@@ -394,6 +402,13 @@ OUTPUT_NAMES = {"davis": "davis", "vis-json": "masks.json", "overlay": "overlay.
                 "frames": "overlay_frames"}
 
 
+def each_frame(batches):
+    """(frame index, (O, H, W) masks) of each frame of `mask_batches`' batches, in order."""
+    for a, masks in batches:
+        for i, frame_masks in enumerate(masks):
+            yield a + i, frame_masks
+
+
 def make_folder(folder: Path) -> None:
     """Create an output folder durably: its name in its parent survives a power loss before
     any chunk written into it is recorded done."""
@@ -409,6 +424,16 @@ def parts_dir(out: Path) -> Path:
 
 def remove_parts(out: Path) -> None:
     shutil.rmtree(parts_dir(out), ignore_errors=True)
+
+
+def _centroid(m: np.ndarray) -> tuple[int, int]:
+    """(int(xs.mean()), int(ys.mean())) of the mask's pixels, without listing them (two int64
+    arrays as long as the mask): the coordinate sums are exact integers, so the float64 means
+    are numpy's bit for bit."""
+    n = int(np.count_nonzero(m))
+    xs = int((m.sum(axis=0, dtype=np.int64) * np.arange(m.shape[1], dtype=np.int64)).sum())
+    ys = int((m.sum(axis=1, dtype=np.int64) * np.arange(m.shape[0], dtype=np.int64)).sum())
+    return int(np.float64(xs) / n), int(np.float64(ys) / n)
 
 
 def _erode(m: np.ndarray) -> np.ndarray:
@@ -516,11 +541,12 @@ class Export:
         return self.store.ledger(self.stage).todo(self.chunks)
 
     def chunk(self, k: int) -> None:
-        """Export chunk k (its masks must be final) and commit it."""
+        """Export chunk k (its masks must be final) and commit it. The writer gets the masks
+        in batches of frames bounded in bytes (`mask_batches`), never the whole chunk."""
         self.start()
         lo, hi = self.frames_of(k)
-        masks = self.store.read("masks", lo, hi)[:, self.slots]
-        self.store.commit(self.stage, k, files=self.writer.chunk(k, lo, masks))
+        batches = mask_batches(self.store, lo, hi, self.slots)
+        self.store.commit(self.stage, k, files=self.writer.chunk(k, lo, hi, batches))
 
     def run(self, quiet: bool) -> None:
         """Every chunk not yet exported, then the finish."""

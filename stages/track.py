@@ -28,6 +28,7 @@ from segpipe.errors import BadInput, StoreNotReady
 from segpipe.model import (autocast, build_model, pick_device, resolve_weights,
                            tracking_options)
 from segpipe.lock import holds_store_lock
+from segpipe.maskio import packed_size, write_fill, write_packed
 from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
 from segpipe.track_settings import ABSENT_LOGIT, OPTIONS, pick_options, stored_settings
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
@@ -239,11 +240,13 @@ class Tracker:
         if k in self.after and (self.supply is None or self.supply.has(self.after[k])):
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
         O = len(memory.objects)
-        # Masks go to a (pinned, on CUDA) host buffer as each frame is done, asynchronously;
-        # scores stay on the device: one synchronisation per chunk, none per frame.
+        # Masks are packed to bits on the device and go to a (pinned, on CUDA) host buffer
+        # as each frame is done, asynchronously; scores stay on the device: one
+        # synchronisation per chunk, none per frame. The buffer is an eighth of the chunk's
+        # (C, O, H, W) bool masks, which are never held whole (see `write`).
         cuda = self.predictor.device.type == "cuda"
-        host_masks = torch.zeros((hi - lo, O, self.height, self.width), dtype=torch.bool,
-                                 pin_memory=cuda)
+        host_masks = torch.zeros((hi - lo, O, packed_size(self.height, self.width)),
+                                 dtype=torch.uint8, pin_memory=cuda)
         frame_scores = {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
@@ -267,8 +270,9 @@ class Tracker:
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
                 scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
-            video_res = self.video_res(state, logits)
-            host_masks[f - lo].copy_(video_res[:, 0] > self.threshold, non_blocking=cuda)
+            for o, video_res in self.video_res(state, logits):
+                masks = pack_bits(video_res[:, 0] > self.threshold)
+                host_masks[f - lo, o:o + len(masks)].copy_(masks, non_blocking=cuda)
             frame_scores[f] = torch.cat(scores).float()
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
@@ -282,29 +286,41 @@ class Tracker:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
         self.write(k, lo, host_masks.numpy(), scores, mine, memory)
 
-    def video_res(self, state: dict, logits: list) -> torch.Tensor:
-        """The frame's (O, 1, H, W) mask logits at the video's size. Objects tracked together
-        go through SAM 2's `_get_orig_video_res_output` as one batch, as its predictor does;
-        objects tracked from their own starts one by one (each alone in its own state, as
-        vos_inference tracks them), the absent ones at -1024, then non-overlap."""
+    def video_res(self, state: dict, logits: list):
+        """The frame's mask logits at the video's size, as (first slot, (n, 1, H, W))
+        pieces. Objects tracked together go through SAM 2's `_get_orig_video_res_output` as
+        its predictor does, one object at a time (bilinear upsampling computes each pixel
+        of each object alone, so the logits are the batch's bit for bit; at 4K an object's
+        are 33 MB, all objects' O times that); under non-overlap, which compares objects
+        pixel by pixel, as one batch. Objects tracked from their own starts go one by one
+        (each alone in its own state, as vos_inference tracks them), the absent ones at
+        -1024, then non-overlap over all of them."""
         if not self.own:
+            if not self.predictor.non_overlap_masks:
+                for o, pred in enumerate(logits):
+                    yield o, self.predictor._get_orig_video_res_output(state, pred)[1]
+                return
             all_logits = torch.cat(logits, dim=0) if len(logits) > 1 else logits[0]
-            return self.predictor._get_orig_video_res_output(state, all_logits)[1]
+            yield 0, self.predictor._get_orig_video_res_output(state, all_logits)[1]
+            return
         device = self.predictor.device
-        rows = [torch.full((1, 1, self.height, self.width), ABSENT_LOGIT, device=device)
+        rows = (torch.full((1, 1, self.height, self.width), ABSENT_LOGIT, device=device)
                 if pred is None else
                 self.predictor._get_orig_video_res_output(state, pred)[1].float()
-                for pred in logits]
-        video_res = torch.cat(rows, dim=0)
-        if self.predictor.non_overlap_masks:
-            video_res = self.predictor._apply_non_overlapping_constraints(video_res)
-        return video_res
+                for pred in logits)
+        if not self.predictor.non_overlap_masks:
+            yield from enumerate(rows)
+            return
+        video_res = torch.cat(list(rows), dim=0)
+        yield 0, self.predictor._apply_non_overlapping_constraints(video_res)
 
-    def write(self, k, lo, masks, scores, mine, memory) -> None:
+    def write(self, k, lo, packed, scores, mine, memory) -> None:
+        """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
+        object, at a time) and its memory snapshot, then commit it."""
         idx = np.nonzero(mine)[0]
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
-            self.store.array("masks")[a:b] = masks[idx[0]:idx[-1] + 1]
+            write_packed(self.store, a, b, packed[idx[0]:idx[-1] + 1])
             self.store.array("object_scores")[a:b] = scores[idx[0]:idx[-1] + 1]
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
@@ -313,6 +329,20 @@ class Tracker:
             self.supply.release(self.direction, k)
         if self.on_commit is not None:
             self.on_commit(self.direction, k)
+
+
+def pack_bits(masks: torch.Tensor) -> torch.Tensor:
+    """(O, H, W) bool -> (O, ceil(H*W/8)) uint8 on the masks' device, bit for bit
+    `numpy.packbits` of each flattened mask (first pixel in the high bit, zero padding)."""
+    flat = masks.reshape(masks.shape[0], -1).to(torch.uint8)
+    pad = -flat.shape[1] % 8
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    groups = flat.view(flat.shape[0], -1, 8)
+    out = groups[..., 0] * 128
+    for bit in range(1, 8):
+        out += groups[..., bit] * (128 >> bit)  # distinct bits: the sum is their OR
+    return out
 
 
 def shown_by(direction: str, pass_direction: str, start: int):
@@ -339,7 +369,8 @@ def prepare(store: RunStore, prompts: list, direction: str, options: dict, force
     reset_from(store, "track")
     O = len(settings["object_ids"])
     H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
-    store.create_array("masks", (T, O, H, W), (C, O, H, W), "bool", fill_value=False,
+    # one zarr chunk per object: a chunk in RAM is (C, 1, H, W), whatever the objects
+    store.create_array("masks", (T, O, H, W), (C, 1, H, W), "bool", fill_value=False,
                        attributes={"object_ids": settings["object_ids"]})
     store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
     store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
@@ -355,10 +386,10 @@ def write_untracked(store: RunStore, chunks) -> None:
     the results then exists, and reads back as untracked rather than missing. They need no
     ledger: they are written before the tracking settings are recorded (`prepare`)."""
     plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
-    masks, scores, tracked = (store.array(name) for name in TRACK_ARRAYS)
+    scores, tracked = store.array("object_scores"), store.array("tracked")
     for k in chunks:
         lo, hi = plan.bounds(k)
-        masks[lo:hi] = False
+        write_fill(store, lo, hi)  # one zarr chunk (object) at a time
         scores[lo:hi] = np.nan
         tracked[lo:hi] = False
         store.sync_chunk(TRACK_ARRAYS, k)

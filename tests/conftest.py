@@ -154,6 +154,23 @@ def store_arrays(store: Path) -> dict:
     return out
 
 
+def to_old_layout(store: Path) -> Path:
+    """Rewrite a store's masks as segpipe wrote them before they were chunked per object: one
+    zarr chunk (C, O, H, W) per pipeline chunk, through the same call (codecs, fill,
+    attributes) the code before made; same values. (Checked once against a store tracked by
+    that code: the masks' zarr.json and every chunk file are byte-identical.)"""
+    from segpipe.store import RunStore
+    s = RunStore.open(store)
+    arr = s.array("masks")
+    values, attrs = arr[...], dict(arr.attrs)
+    T, O, H, W = arr.shape
+    old = s.create_array("masks", (T, O, H, W), (s.attrs["chunk_size"], O, H, W), "bool",
+                         fill_value=False, attributes=attrs, overwrite=True)
+    old[...] = values
+    assert s.array("masks").chunks[1] == O
+    return Path(store)
+
+
 def chunk_files(store: Path, names) -> set[str]:
     """The chunk files of the arrays `names`, as paths relative to the store
     (`masks/c/3/0/0/0`): zarr reads a missing chunk as fill, so values alone cannot tell.

@@ -10,9 +10,10 @@ import zarr
 from PIL import Image
 
 from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
-                      tree_digest, tree_mtimes, wait_for)
+                      to_old_layout, tree_digest, tree_mtimes, wait_for)
+from segpipe import maskio
 from segpipe.stages.encode import encode
-from segpipe.stages.export import compose, davis_palette
+from segpipe.stages.export import FORMATS, compose, davis_palette, export
 from segpipe.stages.track import track
 
 
@@ -45,6 +46,71 @@ def gt_store(tracked, clip_dir, tmp_path_factory):
 def stored(store):
     group = zarr.open_group(str(store), mode="r")
     return group["masks"][...], group["masks"].attrs["object_ids"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_masks_in_one_frame_batches_and_old_stores_export_the_same_files(
+        tracked, pristine, tmp_path, monkeypatch, fmt):
+    """Exports read masks in batches bounded in bytes, not whole chunks: with a budget of one
+    frame's masks (a chunk read packed, then unpacked a frame a batch) every format writes the
+    same bytes; so does a store made before masks were chunked per object ((C, O, H, W)
+    chunks)."""
+    assert zarr.open_group(str(tracked), mode="r")["masks"].chunks == (2, 1, 120, 160)
+    old = to_old_layout(shutil.copytree(pristine, tmp_path / "old.zarr"))
+    name = {"davis": "d", "vis-json": "v.json", "overlay": "o.mp4", "frames": "f"}[fmt]
+    outs = {}
+    for label, store in (("ref", tracked), ("old", old)):
+        outs[label] = tmp_path / f"{label}_{name}"
+        segpipe("export", "--store", store, "--format", fmt, "--out", outs[label], "--quiet",
+                check=True)
+    monkeypatch.setattr(maskio, "BATCH_BYTES", 3 * 120 * 160)  # 3 objects: one frame
+    outs["small"] = export(tracked, fmt, tmp_path / f"small_{name}", quiet=True)
+    digests = {k: tree_digest(v) if v.is_dir() else v.read_bytes() for k, v in outs.items()}
+    assert digests["ref"] and digests["small"] == digests["ref"] and digests["old"] == digests["ref"]
+
+
+def test_overlay_drawn_in_strips_is_the_whole_frame_drawing(monkeypatch):
+    """The overlay blends and outlines a few rows at a time (bounded RAM at 4K): pixel for
+    pixel what drawing the whole frame at once gives (the drawing before strips, below),
+    outlines and id labels across strip borders included."""
+    from PIL import ImageDraw
+    from segpipe.stages.export import OverlayWriter, _erode
+
+    class Writer(OverlayWriter):
+        def __init__(self, ids):
+            self.ids = ids
+            palette = davis_palette()
+            self.colours = {i: np.array(palette[3 * i:3 * i + 3], np.float32) for i in ids}
+
+    def whole(w, rgb, masks):
+        img = rgb.astype(np.float32)
+        for slot, obj in enumerate(w.ids):
+            m = masks[slot]
+            if m.any():
+                img[m] = (1 - w.ALPHA) * img[m] + w.ALPHA * w.colours[obj]
+        for slot, obj in enumerate(w.ids):
+            m = masks[slot]
+            if m.any():
+                img[m & ~_erode(m)] = w.colours[obj]
+        out = Image.fromarray(img.round().clip(0, 255).astype(np.uint8))
+        draw = ImageDraw.Draw(out)
+        for slot, obj in enumerate(w.ids):
+            ys, xs = np.nonzero(masks[slot])
+            if len(xs):
+                draw.text((int(xs.mean()), int(ys.mean())), str(obj), fill=(255, 255, 255),
+                          stroke_width=1, stroke_fill=(0, 0, 0), anchor="mm")
+        return np.asarray(out)
+
+    rng = np.random.default_rng(3)
+    rgb = rng.integers(0, 256, (61, 83, 3), dtype=np.uint8)
+    yy, xx = np.mgrid[0:61, 0:83]
+    masks = np.stack([(yy - 20) ** 2 + (xx - 30) ** 2 < 300, rng.random((61, 83)) < 0.5,
+                      np.zeros((61, 83), bool), (yy > 7) & (yy < 50) & (xx > 40)])
+    w = Writer([4, 1, 9, 2])
+    expected = whole(w, rgb, masks)
+    for rows in (1, 2, 7, 256):
+        monkeypatch.setattr(OverlayWriter, "STRIP_ROWS", rows)
+        assert np.array_equal(w.draw(rgb, masks), expected), rows
 
 
 def test_overlaps_go_to_the_lowest_id():

@@ -27,6 +27,34 @@ def test_reopened_arrays_still_write_all_fill_chunks(tmp_path):
     assert not reopened.read("masks", 4, 8).any()
 
 
+def test_masks_pack_to_numpy_bits_on_the_device_and_read_back_in_bounded_batches(tmp_path):
+    """The tracker packs each frame's masks with torch (on the device: one sync per chunk on
+    CUDA) exactly as numpy.packbits does, odd sizes padded; `mask_batches` gives every frame
+    once, in order, in batches of at most the budget, from per-object and whole-chunk
+    (stores made before) layouts alike, whatever the budget."""
+    import torch
+    from segpipe.maskio import mask_batches, pack, unpack, write_packed
+    from segpipe.stages.track import pack_bits
+    rng = np.random.default_rng(0)
+    for H, W in ((5, 3), (8, 16), (13, 17)):
+        m = rng.random((3, H, W)) < 0.5
+        assert np.array_equal(pack_bits(torch.from_numpy(m)).numpy(), pack(m)), (H, W)
+        assert np.array_equal(unpack(pack(m), H, W), m)
+    T, O, H, W, C = 11, 3, 13, 17, 4
+    m = rng.random((T, O, H, W)) < 0.3
+    store = RunStore.create(tmp_path / "s.zarr", {"chunk_size": C})
+    for chunks in ((C, 1, H, W), (C, O, H, W)):
+        store.create_array("masks", (T, O, H, W), chunks, "bool", fill_value=False, overwrite=True)
+        write_packed(store, 0, T, pack(m))
+        assert np.array_equal(store.read("masks"), m)
+        for budget, slots in ((1, [0, 1, 2]), (2 * O * H * W, [2, 0]), (O * H * W, [1]), (1 << 30, [0, 2])):
+            for lo, hi in ((0, 4), (4, 8), (8, 11), (5, 7)):
+                batches = list(mask_batches(store, lo, hi, slots, budget))
+                assert [a for a, _ in batches] == list(np.cumsum([lo] + [len(b) for _, b in batches])[:-1])
+                assert all(b.nbytes <= max(budget, len(slots) * H * W) for _, b in batches)
+                assert np.array_equal(np.concatenate([b for _, b in batches]), m[lo:hi][:, slots])
+
+
 def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
     """Frames 8..15 are black; the decode resumes at chunk 1, through a reopened array."""
     frames, _ = make_sample.make_clip(num_frames=24, width=64, height=48)

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
-                      read_checked, segpipe, tree_digest, tree_mtimes, wait_for)
+from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, chunk_files, ledger_count,
+                      popen_segpipe, read_checked, segpipe, tree_digest, tree_mtimes, wait_for)
 from oracle import oracle_tracking, same_bits
 from segpipe.store import RunStore
 from segpipe.stages.encode import encode
@@ -95,6 +95,10 @@ def test_masks_bit_identical_to_sam2(stores, oracle, clip_dir, predictor, chunk_
     assert_matches_oracle(store, oracle, direction, chunk_size)
     assert read_checked(store, "masks").shape == (T, 3, 120, 160)
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [1, 2, 3]
+    # one zarr chunk per object and pipeline chunk, every one written
+    assert RunStore.open(store).array("masks").chunks == (chunk_size, 1, 120, 160)
+    assert chunk_files(store, ["masks"]) == {f"masks/c/{k}/{o}/0/0" for k in
+                                             range(-(-T // chunk_size)) for o in range(3)}
     tracked = read_checked(store, "tracked")
     expected = {"both": np.ones(T, bool), "forward": np.arange(T) >= 9,
                 "reverse": np.arange(T) <= 9}[direction]

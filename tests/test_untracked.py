@@ -8,7 +8,7 @@ import pytest
 import zarr
 from PIL import Image
 
-from conftest import IMAGE_SIZE, assert_same_store, segpipe
+from conftest import IMAGE_SIZE, assert_same_store, segpipe, to_old_layout
 from segpipe.store import RunStore
 from segpipe.stages.encode import encode
 from segpipe.stages.track import track
@@ -37,9 +37,10 @@ def tracked(encoded, clip_dir, predictor, tmp_path_factory):
     return out
 
 
-def chunk_file(store, name, k):
+def chunk_file(store, name, k, obj=0):
+    """Chunk k's file (masks of new stores: object slot `obj`'s; one file per object)."""
     ndim = zarr.open_group(str(store), mode="r")[name].ndim
-    return store.joinpath(name, "c", str(k), *["0"] * (ndim - 1))
+    return store.joinpath(name, "c", str(k), *[str(obj)] * (ndim > 1), *["0"] * (ndim - 2))
 
 
 @pytest.mark.parametrize("direction,untracked", [("forward", range(0, START)),
@@ -48,7 +49,8 @@ def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction
     store = shutil.copytree(tracked[direction], tmp_path / "s.zarr")  # exports change a store
     for name in ("masks", "object_scores", "tracked"):
         for k in range(10):
-            assert chunk_file(store, name, k).is_file(), (name, k)
+            for obj in range(3 if name == "masks" else 1):  # masks: a file per object
+                assert chunk_file(store, name, k, obj).is_file(), (name, k, obj)
     reader = RunStore.open(store)
     tracked_frames = reader.read("tracked")
     assert not tracked_frames[list(untracked)].any() and tracked_frames[START]
@@ -67,7 +69,7 @@ def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction
 
 def test_a_damaged_untracked_chunk_is_repaired(tracked, tmp_path):
     store = shutil.copytree(tracked["forward"], tmp_path / "s.zarr")
-    chunk_file(store, "masks", 0).unlink()
+    chunk_file(store, "masks", 0, obj=2).unlink()  # one object's file of the chunk
     data = bytearray(chunk_file(store, "object_scores", 1).read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk_file(store, "object_scores", 1).write_bytes(bytes(data))
@@ -77,17 +79,24 @@ def test_a_damaged_untracked_chunk_is_repaired(tracked, tmp_path):
     assert "no damage found" in segpipe("repair", "--store", store, check=True).stderr
 
 
-@pytest.mark.parametrize("direction,name", [("forward", "masks"), ("reverse", "masks"),
-                                            ("both", "masks"), ("both", "object_scores")])
-def test_damage_in_the_start_chunk_is_repaired(tracked, tmp_path, direction, name):
+@pytest.mark.parametrize("direction,name,layout", [
+    ("forward", "masks", "new"), ("reverse", "masks", "new"), ("both", "masks", "new"),
+    ("both", "object_scores", "new"), ("both", "masks", "old")])
+def test_damage_in_the_start_chunk_is_repaired(tracked, tmp_path, direction, name, layout):
     """Chunk 2 holds frames 8..11: passes write only part of it (reverse 8..9, forward 9..11),
-    so the redo reads it first: the damaged file must be gone before."""
-    store = shutil.copytree(tracked[direction], tmp_path / "s.zarr")
-    path = chunk_file(store, name, START // C)
+    so the redo reads it first: the damaged file must be gone before. Masks: one object's
+    file of the chunk is damaged; in a store made before masks were chunked per object
+    (`old`), the chunk's only file, and the repair writes that layout back."""
+    reference = tracked[direction]
+    if layout == "old":
+        reference = to_old_layout(shutil.copytree(reference, tmp_path / "ref.zarr"))
+    store = shutil.copytree(reference, tmp_path / "s.zarr")
+    path = chunk_file(store, name, START // C, obj=1 if (name, layout) == ("masks", "new") else 0)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     proc = segpipe("repair", "--store", store)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{name!r} chunk {START // C}" in proc.stderr
-    assert_same_store(tracked[direction], store)
+    assert_same_store(reference, store)
+    assert zarr.open_group(str(store), mode="r")["masks"].chunks[1] == (3 if layout == "old" else 1)

@@ -1,0 +1,106 @@
+"""Masks in and out of the store without holding a whole (C, O, H, W) chunk in RAM.
+
+New stores chunk `masks` (T, O, H, W) as (C, 1, H, W): one zarr chunk per object and pipeline
+chunk (stores made before hold all objects in one chunk: they are read and written whole,
+as they always were). Between the tracker and the store a chunk's masks travel packed to
+bits, (frames, objects, ceil(H*W/8)) uint8 (`numpy.packbits` order, the flattened frame
+padded with zeros), an eighth of their bool size; they are unpacked one zarr chunk (writing)
+or one bounded batch of frames (reading, `mask_batches`) at a time.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .store import RunStore
+
+# Masks an export holds at once, in bytes: at most this much packed (a segment of frames)
+# and this much unpacked (a batch of frames, what the writers get).
+BATCH_BYTES = 128 << 20
+
+
+def packed_size(height: int, width: int) -> int:
+    """Bytes of one packed (H, W) mask."""
+    return -(-height * width // 8)
+
+
+def pack(masks: np.ndarray) -> np.ndarray:
+    """(..., H, W) bool -> (..., ceil(H*W/8)) uint8."""
+    flat = masks.reshape(*masks.shape[:-2], -1)
+    return np.packbits(flat, axis=-1)
+
+
+def unpack(packed: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(..., ceil(H*W/8)) uint8 -> (..., H, W) bool."""
+    flat = np.unpackbits(packed, axis=-1, count=height * width)
+    return flat.view(bool).reshape(*packed.shape[:-1], height, width)
+
+
+def write_packed(store: RunStore, a: int, b: int, packed: np.ndarray) -> None:
+    """masks[a:b] = unpack(packed), one zarr chunk (new stores: one object) at a time."""
+    arr = store.array("masks")
+    H, W = arr.shape[2:]
+    for s0, s1 in store.col_groups("masks"):
+        arr[a:b, s0:s1] = unpack(packed[:, s0:s1], H, W)
+
+
+def write_fill(store: RunStore, a: int, b: int) -> None:
+    """masks[a:b] = False, one zarr chunk at a time (zarr would otherwise build every
+    chunk's fill at once)."""
+    arr = store.array("masks")
+    for s0, s1 in store.col_groups("masks"):
+        arr[a:b, s0:s1] = False
+
+
+def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:
+    """masks[a:b][:, slots] (packed or not), read (and verified) one zarr chunk at a time."""
+    arr = store.array("masks")
+    H, W = arr.shape[2:]
+    shape = (b - a, len(slots), packed_size(H, W)) if packed else (b - a, len(slots), H, W)
+    out = np.empty(shape, np.uint8 if packed else bool)
+    for s0, s1 in store.col_groups("masks"):
+        mine = [(j, s) for j, s in enumerate(slots) if s0 <= s < s1]
+        if not mine:
+            continue
+        data = store.read("masks", a, b, cols=slice(s0, s1))
+        for j, s in mine:
+            out[:, j] = pack(data[:, s - s0]) if packed else data[:, s - s0]
+        del data
+    return out
+
+
+def mask_batches(store: RunStore, lo: int, hi: int, slots: list[int],
+                 budget: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first frame, (n, len(slots), H, W) bool masks) for frames lo..hi-1 in order, in
+    batches of at most `budget` bytes (at least one frame). Where the frames fit one batch
+    they are read as they are: in one read when the zarr chunks holding them fit the budget
+    too (small videos), else one zarr chunk (object) at a time. Otherwise they are read a
+    segment at a time, packed, holding at most `budget` bytes packed too, one zarr chunk at a
+    time; a segment reads each of its zarr chunks once (a chunk longer than a segment is read
+    once per segment)."""
+    budget = BATCH_BYTES if budget is None else budget
+    arr = store.array("masks")
+    H, W = arr.shape[2:]
+    step = arr.chunks[0]
+
+    def decoded(a, b, objects):  # bytes of the whole zarr chunks holding frames a..b-1
+        return (-(-b // step) - a // step) * step * objects * H * W
+
+    n = max(1, len(slots))
+    batch = max(1, budget // (n * H * W))
+    span = max(batch, budget // (n * packed_size(H, W)))
+    for a in range(lo, hi, span):
+        b = min(a + span, hi)
+        if b - a <= batch:  # the segment fits one batch: no packing
+            c0, c1 = min(slots), max(slots) + 1
+            if decoded(a, b, c1 - c0) <= budget:  # one read: zarr decodes the chunks at once
+                data = store.read("masks", a, b, cols=slice(c0, c1))
+                yield a, data if slots == list(range(c0, c1)) else data[:, [s - c0 for s in slots]]
+            else:
+                yield a, _read(store, a, b, slots, packed=False)
+            continue
+        packed = _read(store, a, b, slots, packed=True)
+        for c in range(a, b, batch):
+            d = min(c + batch, b)
+            yield c, unpack(packed[c - a:d - a], H, W)
