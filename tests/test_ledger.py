@@ -241,7 +241,7 @@ def test_vis_json_assembly_is_byte_identical(tmp_path, ids, batch):
     for k in range(frames[0] // C, -(-frames[1] // C)):
         lo, hi = max(k * C, frames[0]), min((k + 1) * C, frames[1])
         masks = rng.random((hi - lo, len(ids), H, W)) < rng.choice([0.0, 0.05, 0.5], (hi - lo, len(ids), 1, 1))
-        writer.chunk(k, lo, masks)
+        writer.chunk(k, lo, hi, [(lo, masks)])  # one batch: the whole chunk
         chunks.append(k)
     want = reference_finish(writer, chunks)
     writer.finish(chunks)
