@@ -32,7 +32,7 @@ def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int
     from segpipe.chunks import ChunkPlan, pass_chunks
     from segpipe.store import RunStore, file_identity
     from segpipe.stages.encode import LEVELS
-    from segpipe.stages.track import prepare
+    from segpipe.stages.track import prepare, tracking_settings
     from segpipe.track_settings import OPTIONS
 
     W, H = 64, 48
@@ -62,7 +62,8 @@ def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int
         {"object": 1, "frame": prompt_frames[0], "points": [[20, 20]], "labels": [1]},
         {"object": 2, "frame": prompt_frames[1], "box": [30, 10, 60, 40]}]}))
     prompts = prompt_file.load(prompts_file, T, W, H)
-    prepare(store, prompts, "both", dict(OPTIONS), force=False, quiet=True)
+    prepare(store, prompts, tracking_settings(prompts, "both", dict(OPTIONS)), again=True,
+            quiet=True)
     # export davis's record, as a finished export leaves it
     track = store.attrs["track"]
     out.mkdir()

@@ -151,9 +151,9 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
 
     Before the first write, the storage estimate of the whole store is shown (memory and
     masks for the prompts' objects) and, with `space_check`, `NotEnoughSpace` is raised when
-    the store's file system has less free space than the run still needs. The estimate is
-    that of `keep="all"`; under `keep="masks"` the check is not made (the store stays far
-    below it).
+    the store's file system has less free space than the run still needs: under
+    `keep="masks"` (given, or the store's) with frames and features counted as the 3
+    chunks of each such a run holds at once.
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -166,7 +166,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
-    from .retention import drop, keep_setting, set_keep, sweep
+    from .retention import drop, keep_setting, set_keep
     from .stages.decode import decode as decode_stage
     from .stages.encode import encode as encode_stage
     from .stages.export import ExportsAsTracked
@@ -182,7 +182,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     stages = ("decode", "encode") + (("track",) if prompts is not None else ())
     later = Later(embedding_dtype, precision, prompts, direction, object_start,
                   len(exports) if prompts is not None else 0, device)
-    space = SpaceGuard(store, stages, "run", later, enabled=space_check and keep != "masks",
+    space = SpaceGuard(store, stages, "run", later, enabled=space_check, keep=keep,
                        quiet=quiet)
     with store_lock(store):  # the whole run, not only each stage
         decoded = decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=quiet,
@@ -208,8 +208,6 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         exporting.finish(quiet)
         if keep_setting(decoded) == "all":  # the chunks no pass needed: re-prompting is free
             encode_stage(store, **encoding)
-        else:  # what a crash left between a chunk's last use and its drop
-            sweep(decoded)
     return Run(store)
 
 

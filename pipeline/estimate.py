@@ -76,6 +76,7 @@ NUM_MASKMEM, MAX_OBJ_PTRS, MEM_DIM, HIDDEN_DIM = 7, 16, 64, 256
 LEVEL_SHAPES = ((32, 4), (64, 8), (256, 16))  # channels, stride: [C, S/stride, S/stride]
 
 # Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).
+RESIDENT_CHUNKS = 3  # chunks of frames and of features a `--keep masks` run has on disk at once
 MASK_RATIO = 15.0  # zstd on bool masks: random-weight masks ~15-16x; clean shapes far more
 RHO_MASKMEM = 0.75  # zstd on bfloat16 mask memories: 0.70-0.76 of raw
 RHO_FLOAT32 = 0.9  # zstd on float32 pointers and logits: 0.65-0.92
@@ -105,10 +106,18 @@ class Estimate:
     def total(self) -> int:
         return sum(p.bytes for p in self.parts.values())
 
-    def bytes_for(self, stages) -> int:
-        """What the groups written by `stages` come to, with `other`."""
+    def bytes_for(self, stages, keep: str = "all") -> int:
+        """What the groups written by `stages` come to, with `other`; under `keep="masks"`
+        frames and features at most `RESIDENT_CHUNKS` chunks of them (what a run keeps at
+        once: see `segpipe.retention`)."""
         groups = {g for s in stages for g in STAGE_GROUPS[s]} | {"other"}
-        return sum(p.bytes for g, p in self.parts.items() if g in groups)
+        chunks = -(-self.frames // self.chunk_size)
+        total = 0
+        for g, p in self.parts.items():
+            if g in groups:
+                dropped = keep == "masks" and g in ("frames", "features")
+                total += min(p.bytes, -(-p.bytes * RESIDENT_CHUNKS // chunks)) if dropped else p.bytes
+        return total
 
     def as_dict(self) -> dict:
         return {"frames": self.frames, "frames_basis": self.frames_basis,
@@ -581,9 +590,10 @@ def free_bytes(path: Path) -> tuple[int, Path]:
 
 
 def check(est: Estimate | None, store_path: Path, stages, command: str, quiet: bool,
-          enabled: bool = True, present: int | None = None) -> None:
+          enabled: bool = True, present: int | None = None, keep: str = "all") -> None:
     """Print the estimate (unless `quiet`), then refuse with `NotEnoughSpace` when the store
-    needs more bytes than its file system has free."""
+    needs more bytes than its file system has free (under `keep="masks"`, frames and
+    features counted as `RESIDENT_CHUNKS` chunks)."""
     from . import log
     if est is None:
         log.info(f"{command}: no storage estimate (the source does not say how many frames it "
@@ -591,11 +601,13 @@ def check(est: Estimate | None, store_path: Path, stages, command: str, quiet: b
         return
     if present is None:
         present = disk_usage(store_path)[1]
-    need = max(0, est.bytes_for(stages) - present)
+    need = max(0, est.bytes_for(stages, keep) - present)
     free, where = free_bytes(store_path)
     for line in est.lines():
         log.info(line, quiet)
-    log.info(f"{command} writes up to {human(est.bytes_for(stages))} of it"
+    held = (f" (--keep masks: frames and features {RESIDENT_CHUNKS} chunks at a time)"
+            if keep == "masks" else "")
+    log.info(f"{command} writes up to {human(est.bytes_for(stages, keep))} of it{held}"
              + (f" ({human(present)} already in the store)" if present else "")
              + f"; {human(free)} free on {where}", quiet)
     if enabled and need > free:
@@ -611,13 +623,14 @@ class SpaceGuard:
     `before_track` itself when decode and encode had nothing to do).
 
     `stages`: the stages the command runs ("decode", "encode", "track"), whose groups the
-    check counts; `later`: what the later stages will use."""
+    check counts; `later`: what the later stages will use; `keep`: the retention the
+    command works under (None: the store's setting, for a `run` that resumes it)."""
 
     def __init__(self, store_path, stages, command: str, later: Later | None = None,
-                 enabled: bool = True, quiet: bool = False):
+                 enabled: bool = True, quiet: bool = False, keep: str | None = "all"):
         self.store_path, self.stages, self.command = Path(store_path), tuple(stages), command
         self.later, self.enabled, self.quiet = later or Later(), enabled, quiet
-        self.done = False
+        self.keep, self.done = keep, False
 
     def before_decode(self, store, video: Path, info, C: int, S: int) -> None:
         """Decode is about to write: `store` is the store it resumes, or None (a new store,
@@ -633,7 +646,7 @@ class SpaceGuard:
             est = from_store(store, later, sample, sizes)
         else:
             est = before_decode(info, C, S, later, sample)
-        self._check(est)
+        self._check(est, store)
 
     def before_encode(self, store, embedding_dtype: str, precision: str) -> None:
         """Encode is about to write, with these settings."""
@@ -642,13 +655,13 @@ class SpaceGuard:
         video = store.attrs["video"]
         later = self._later(video["width"], video["height"])
         later.embedding_dtype, later.precision = embedding_dtype, precision
-        self._check(from_store(store, later))
+        self._check(from_store(store, later), store)
 
     def before_track(self, store) -> None:
         """`run`, when decode and encode had nothing to do."""
         if not self.done:
             video = store.attrs["video"]
-            self._check(from_store(store, self._later(video["width"], video["height"])))
+            self._check(from_store(store, self._later(video["width"], video["height"])), store)
 
     def _later(self, width: int, height: int) -> Later:
         """`later` with its prompts read (objects, frames, mask prompts: the frame range is
@@ -670,6 +683,9 @@ class SpaceGuard:
                 pass
         return later
 
-    def _check(self, est: Estimate | None) -> None:
+    def _check(self, est: Estimate | None, store) -> None:
+        from .retention import keep_setting
         self.done = True
-        check(est, self.store_path, self.stages, self.command, self.quiet, self.enabled)
+        keep = self.keep or (keep_setting(store) if store is not None else "all")
+        check(est, self.store_path, self.stages, self.command, self.quiet, self.enabled,
+              keep=keep)

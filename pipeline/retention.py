@@ -42,23 +42,22 @@ def dropped(store: RunStore, what: str):
 
 def has(store: RunStore, what: str, k: int) -> bool:
     """Whether chunk k of `what` ("frames" or "features") is on disk: made and not dropped."""
-    return k in on_disk(store, what)
+    return store.ledger(MADE_BY[what]).is_done(k) and not dropped(store, what).is_done(k)
 
 
 def on_disk(store: RunStore, what: str) -> set[int]:
     """The chunks of `what` on disk: made and not dropped."""
     import numpy as np
-    made = store.ledger(MADE_BY[what]).done()
+    here = store.ledger(MADE_BY[what]).done()  # a fresh array
     gone = dropped(store, what).done()
-    here = made.copy()
-    n = min(len(made), len(gone))
+    n = min(len(here), len(gone))
     here[:n] &= ~gone[:n]
     return set(np.nonzero(here)[0].tolist())
 
 
 def drop(store: RunStore, what: str, k: int) -> None:
     """Record chunk k of `what` dropped, then delete its files (a crash in between leaves
-    files that are ignored and deleted again next time)."""
+    files that are ignored, and deleted by the next `sweep`)."""
     if what == "frames" and store.array("frame_digests") is None:
         return  # a store from before digests: its frames could not be found again
     dropped(store, what).mark_done(k)
@@ -66,12 +65,15 @@ def drop(store: RunStore, what: str, k: int) -> None:
         arr = store.array(name)
         if arr is None:
             continue
-        path = store.chunk_file(name, k, arr.ndim)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        fsync_path_dir(path.parent)
+        _unlink(store.chunk_file(name, k, arr.ndim))
+
+
+def _unlink(path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_path_dir(path.parent)
 
 
 def restored(store: RunStore, what: str, k: int) -> None:
@@ -82,8 +84,21 @@ def restored(store: RunStore, what: str, k: int) -> None:
 
 
 def sweep(store: RunStore) -> None:
-    """Drop every chunk of frames and features still on disk (a run under `--keep masks`
-    that is complete: a crash may have left some between their last use and their drop)."""
+    """Under `--keep masks`, once tracking is complete: drop every chunk of frames and
+    features still on disk (a crash may have left some between their last use and their
+    drop), and delete the files of dropped chunks that a crash left behind (between a
+    drop's record and its deletes)."""
+    if keep_setting(store) != "masks":
+        return
     for what in DROPPABLE:
         for k in sorted(on_disk(store, what)):
             drop(store, what, k)
+        gone = dropped(store, what).done()
+        for name in DROPPABLE[what]:
+            arr = store.array(name)
+            folder = store.path / name / "c"
+            if arr is None or not folder.is_dir():
+                continue
+            for entry in os.listdir(folder):  # the chunks with files: few, unlike the dropped
+                if entry.isdigit() and int(entry) < len(gone) and gone[int(entry)]:
+                    _unlink(store.chunk_file(name, int(entry), arr.ndim))

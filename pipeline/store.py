@@ -461,6 +461,10 @@ class Ledger:
         not done (the chunk is simply redone)."""
         return np.frombuffer(bytes(self._vector()), dtype=np.uint8) == 1
 
+    def is_done(self, chunk: int) -> bool:
+        done = self._vector()
+        return chunk < len(done) and done[chunk] == 1
+
     def todo(self, chunks) -> list[int]:
         """The chunks of `chunks` (in their order) not recorded done."""
         done = self._vector()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from segpipe.chunks import ChunkPlan
-from segpipe.errors import BadInput, StoreMismatch
+from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.lock import holds_store_lock
 from segpipe.retention import has, restored
 from segpipe.store import RunStore, file_identity, same_file
@@ -287,16 +287,36 @@ class Redecoder:
             raise BadInput(f"cannot decode frames {lo}..{hi - 1} of {self.video} again")
         self.next_frame = hi
         frames = np.stack(frames)
+        digests = frame_digests(frames)
+        self._same_as_first(k, digests)
         self.store.array("frames")[lo:hi] = frames
         self.store.array("pts")[lo:hi] = pts
         self.store.array("timestamps")[lo:hi] = times
         written = ["frames", "pts", "timestamps"]
         if self.store.array("frame_digests") is not None:
-            self.store.array("frame_digests")[lo:hi] = frame_digests(frames)
+            self.store.array("frame_digests")[lo:hi] = digests
             written.append("frame_digests")
         self.store.commit(STAGE, k, written)
         restored(self.store, "frames", k)
         log.info(f"decode: chunk {k} (frames {lo}..{hi - 1}) decoded again", quiet)
+
+
+    def _same_as_first(self, k: int, digests: np.ndarray) -> None:
+        """Refuse frames that differ from those first decoded (by their stored digests):
+        features and masks made from them would silently differ. (A damaged digest chunk
+        is being repaired: nothing to compare with.)"""
+        if self.store.array("frame_digests") is None:
+            return
+        lo, hi = self.plan.bounds(k)
+        try:
+            stored = self.store.read("frame_digests", lo, hi)
+        except DamagedStore:
+            return
+        differ = np.nonzero((stored != digests).any(axis=1))[0]
+        if len(differ):
+            raise BadInput(f"{self.video} decodes differently now: frame {lo + differ[0]} is not "
+                           f"the frame first decoded into the store (another decoder or "
+                           f"version?); its chunk cannot be restored exactly")
 
 
 def redecode_chunks(store: RunStore, video: Path, chunks: list[int], quiet: bool) -> None:

@@ -36,7 +36,7 @@ from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec
 from segpipe.stages.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 from segpipe.stages.decode import stored_source
 from segpipe.stages.supply import ChunkSupply, pass_todo, say_cost
-from segpipe.retention import on_disk
+from segpipe.retention import on_disk, sweep
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -147,7 +147,7 @@ class Tracker:
 
     def __init__(self, predictor, store: RunStore, plan: ChunkPlan, direction: str,
                  prompts: list, features: StoredFeatures, maskmem_pos_enc: torch.Tensor,
-                 options: dict = OPTIONS, on_commit=None, supply=None):
+                 supply: ChunkSupply, options: dict = OPTIONS, on_commit=None):
         self.predictor, self.store, self.plan = predictor, store, plan
         self.direction, self.reverse = direction, direction == "reverse"
         self.prompts, self.features, self.pos = prompts, features, [maskmem_pos_enc]
@@ -186,15 +186,13 @@ class Tracker:
         state = memory = after = None
         with log.progress(f"track {self.direction}", total, quiet) as bar:
             for k in todo:
-                if self.supply is not None:
-                    self.supply.ensure(k)
+                self.supply.ensure(k)
                 before = previous.get(k)
                 if state is None or after != before:
                     state, memory = self.restore(before)
                 self.track_chunk(k, state, memory, owned, bar)
                 after = k
-        if self.supply is not None:
-            self.supply.finished(self.direction)
+        self.supply.finished(self.direction)
 
     def restore(self, before: int | None) -> tuple[dict, TrackerMemory]:
         """A fresh SAM 2 state holding the memory as it was after chunk `before` (None: the
@@ -205,11 +203,10 @@ class Tracker:
                           self.features, self.pos[0])
         if before is None:
             prompt_chunks = sorted({self.plan.chunk_of(p.frame) for p in self.prompts})
-            for k in prompt_chunks if self.supply is not None else ():
+            for k in prompt_chunks:
                 self.supply.ensure(k)
             apply_prompts(self.predictor, state, self.prompts)
-            if self.supply is not None:
-                self.supply.prompted(self.direction)
+            self.supply.prompted(self.direction)
             for o, obj in enumerate(memory.objects):
                 cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
                 obj.prompted = {t: FrameOutput.from_sam2(out, keep_logits=True)
@@ -237,7 +234,7 @@ class Tracker:
         lo, hi = self.plan.bounds(k)
         frames = pass_frames_in(self.direction, self.start, lo, hi)
         self.features.load(lo, hi)
-        if k in self.after and (self.supply is None or self.supply.has(self.after[k])):
+        if k in self.after and self.supply.has(self.after[k]):
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
         O = len(memory.objects)
         # Masks are packed to bits on the device and go to a (pinned, on CUDA) host buffer
@@ -325,8 +322,7 @@ class Tracker:
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
-        if self.supply is not None:
-            self.supply.release(self.direction, k)
+        self.supply.release(self.direction, k)
         if self.on_commit is not None:
             self.on_commit(self.direction, k)
 
@@ -352,18 +348,23 @@ def shown_by(direction: str, pass_direction: str, start: int):
     return (lambda f: f < start) if pass_direction == "reverse" else (lambda f: f >= start)
 
 
-def prepare(store: RunStore, prompts: list, direction: str, options: dict, force: bool,
-            quiet: bool) -> None:
-    """Discard old tracking when the prompts, the direction or the options changed (or on
-    `force`), then make the arrays. The new settings are recorded last (see `reset_from`)."""
-    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
-    entries, masks = prompt_file.to_record(prompts)
-    settings = {"prompts_sha256": prompt_file.digest(prompts), "direction": direction,
-                "object_ids": prompt_file.object_ids(prompts),
-                "start_frame": min(p.frame for p in prompts), "prompts": entries,
-                "options": options}
-    if stored_settings(store) == settings and not force:
+def tracking_settings(prompts: list, direction: str, options: dict) -> dict:
+    """What the store records of a tracking (`track` attribute): changing any of it tracks
+    anew."""
+    entries, _ = prompt_file.to_record(prompts)
+    return {"prompts_sha256": prompt_file.digest(prompts), "direction": direction,
+            "object_ids": prompt_file.object_ids(prompts),
+            "start_frame": min(p.frame for p in prompts), "prompts": entries,
+            "options": options}
+
+
+def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: bool) -> None:
+    """With `again` (the settings changed, or `force`), discard the old tracking and make
+    the arrays. The new settings are recorded last (see `reset_from`)."""
+    if not again:
         return
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    _, masks = prompt_file.to_record(prompts)
     if store.attrs.get("track") is not None:
         log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
     reset_from(store, "track")
@@ -377,7 +378,8 @@ def prepare(store: RunStore, prompts: list, direction: str, options: dict, force
     if len(masks):
         store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[...] = masks
         store.commit_array("prompt_masks")
-    write_untracked(store, untracked_chunks(ChunkPlan(T, C), direction, settings["start_frame"]))
+    write_untracked(store, untracked_chunks(ChunkPlan(T, C), settings["direction"],
+                                            settings["start_frame"]))
     store.set_attrs(track=settings)
 
 
@@ -445,13 +447,18 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         if made != wanted:
             raise BadInput(f"the predictor given was built with {made}, the tracking asks for {wanted}")
     start = min(p.frame for p in prompts)
-    needed = {d: pass_chunks(plan, d, start) for d in passes(direction)}
+    settings = tracking_settings(prompts, direction, options)
+    again = force or stored_settings(store) != settings  # then every chunk is tracked anew
+    needed = {d: pass_chunks(plan, d, start) if again
+              else store.ledger(f"track_{d}").todo(pass_chunks(plan, d, start))
+              for d in passes(direction)}
     if not set(ChunkSupply.missing(store, needed)) <= on_disk(store, "frames"):
         stored_source(store)  # before anything changes: the source must be there
-    prepare(store, prompts, direction, options, force, quiet)
+    prepare(store, prompts, settings, again, quiet)
     pending = [d for d in passes(direction)
                if store.ledger(f"track_{d}").count() < len(pass_chunks(plan, d, start))]
     if not pending:
+        sweep(store)
         log.info("track: already complete", quiet)
         return store
     if predictor is None:
@@ -467,12 +474,13 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
     vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
     features = StoredFeatures(store, predictor.device, vision_pos)
     for d in pending:
-        tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos, options,
-                          on_commit, supply)
+        tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos, supply,
+                          options, on_commit)
         # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
         with autocast(predictor.device.type, precision), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
             tracker.run(shown_by(direction, d, start), quiet)
+    sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     if importlib.util.find_spec("sam2._C") is None:
         log.info("note: sam2 has no _C extension here, so small-hole filling was skipped "
                  "(as SAM 2's own predictor does)", quiet)

@@ -161,6 +161,21 @@ def test_refuses_when_the_file_system_is_too_small(tmp_path, small_fs):
     assert "disk full" in proc.stderr, proc.stderr
 
 
+def test_keep_masks_is_checked_against_what_it_holds_at_once(tmp_path, small_fs):
+    """16 frames at 256 in chunks of 2: the features come to 16 MiB, 3 chunks of them to
+    6 MiB. On 10 MiB a `--keep all` run is refused, a `--keep masks` run goes through, and
+    so does a rerun that leaves the store's setting to the store."""
+    clip = write_clip(tmp_path / "clip", 16, one_object_on=3)
+    fs = small_fs("10m")
+    args = ("run", clip / "clip.mp4", "--store", fs / "s.zarr", "--prompts", clip / "prompts.json",
+            "--chunk-size", 2, "--image-size", 256, "--random-weights", 0, "--export", "none")
+    assert_user_error(segpipe(*args), "not enough space", "--no-space-check")
+    proc = segpipe(*args, "--keep", "masks", check=True)
+    assert "frames and features 3 chunks at a time" in proc.stderr, proc.stderr
+    proc = segpipe(*args, check=True)
+    assert "frames and features 3 chunks at a time" in proc.stderr, proc.stderr
+
+
 @pytest.fixture(scope="module")
 def encoding(tmp_path_factory):
     """A real encode caught mid-way: 8 frames at 256 in chunks of 1, decoded, then

@@ -86,6 +86,36 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
     assert_same_results(keep_all, store)
     for name in ("frames", "features/level2"):
         assert chunk_files(store, name) == [], name
+    # new prompts on that store, a reverse pass from frame 9: chunks 2, 1, 0 (frames 0..11)
+    # are decoded again backwards and encoded again, nothing else; as a fresh run
+    prompts = tmp_path / "new.json"
+    prompts.write_text(json.dumps({"prompts": [{"object": 4, "frame": 9, "box": [10, 5, 50, 40]}]}))
+    assert retrack(store, prompts, "reverse") == 12
+    assert_same_as_fresh(small, store, prompts, "reverse", tmp_path)
+
+
+def retrack(store: Path, prompts: Path, direction: str) -> int:
+    """`track` in this process with new prompts; the frames the image encoder saw."""
+    from segpipe.model import Weights, build_model
+    from segpipe.stages.track import track
+    predictor = build_model("sam2.1_hiera_t", 128, Weights(random_seed=0))
+    calls = EncoderCalls(predictor)
+    try:
+        track(store, prompts, direction, quiet=True, predictor=predictor)
+    finally:
+        calls.close()
+    return calls.count
+
+
+def assert_same_as_fresh(small: Path, store: Path, prompts: Path, direction: str, tmp_path: Path):
+    fresh = tmp_path / "fresh.zarr"
+    segpipe("run", small / "clip.mp4", "--store", fresh, "--prompts", prompts, "--direction",
+            direction, "--chunk-size", 4, "--image-size", 128, "--random-weights", 0,
+            "--export", "none", "--quiet", check=True)
+    for name in ("masks", "object_scores", "tracked"):
+        assert same_values(read_checked(store, name), read_checked(fresh, name)), name
+    for name in ("frames", "features/level2"):
+        assert chunk_files(store, name) == [], name  # dropped again after use
 
 
 def test_new_prompts_on_a_dropped_store_reencode_only_what_the_passes_need(small, keep_masks,
@@ -93,28 +123,13 @@ def test_new_prompts_on_a_dropped_store_reencode_only_what_the_passes_need(small
     """New prompts (one object on frame 17, forward) on a `--keep masks` store: the chunks
     of frames 16..23 are decoded and encoded again, nothing else; the masks are those of a
     fresh `--keep all` run with the same prompts."""
-    from segpipe.model import Weights, build_model
-    from segpipe.stages.track import track
     store = tmp_path / "masks.zarr"
     shutil.copytree(keep_masks, store)
     prompts = tmp_path / "new.json"
     prompts.write_text(json.dumps({"prompts": [
         {"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]}))
-    predictor = build_model("sam2.1_hiera_t", 128, Weights(random_seed=0))
-    calls = EncoderCalls(predictor)
-    try:
-        track(store, prompts, "forward", quiet=True, predictor=predictor)
-    finally:
-        calls.close()
-    assert calls.count == 24 - 16  # chunks 4 and 5 (chunk size 4): frames 16..23, once each
-    fresh = tmp_path / "fresh.zarr"
-    segpipe("run", small / "clip.mp4", "--store", fresh, "--prompts", prompts, "--direction",
-            "forward", "--chunk-size", 4, "--image-size", 128, "--random-weights", 0,
-            "--export", "none", "--quiet", check=True)
-    for name in ("masks", "object_scores", "tracked"):
-        assert same_values(read_checked(store, name), read_checked(fresh, name)), name
-    for name in ("frames", "features/level2"):
-        assert chunk_files(store, name) == [], name  # dropped again after use
+    assert retrack(store, prompts, "forward") == 24 - 16  # chunks 4 and 5 (chunk size 4), once each
+    assert_same_as_fresh(small, store, prompts, "forward", tmp_path)
 
 
 def test_retracking_without_the_source_refuses_in_one_line(small, keep_masks, tmp_path):
@@ -130,3 +145,47 @@ def test_retracking_without_the_source_refuses_in_one_line(small, keep_masks, tm
                    "--direction", "forward")
     assert_user_error(proc, "source video", "gone")
     assert tree_digest(store) == before
+
+
+def test_a_finished_store_without_its_source_tracks_as_a_no_op(keep_masks, tmp_path):
+    """Nothing left to track: no chunk needs decoding again, so a gone source is no matter."""
+    import zarr
+    store = tmp_path / "run.zarr"
+    shutil.copytree(keep_masks, store)
+    group = zarr.open_group(str(store), mode="r+")
+    group.attrs["source"] = {**group.attrs["source"], "path": str(tmp_path / "moved.mp4")}
+    before = tree_digest(store)
+    proc = segpipe("track", "--store", store, check=True)
+    assert "already complete" in proc.stderr, proc.stderr
+    assert tree_digest(store) == before
+
+
+def test_frames_that_decode_differently_now_are_refused(small, keep_masks, tmp_path):
+    """The stored digests of frames 20..23 no longer match what the source gives (as another
+    decoder might): re-tracking that needs them refuses in one line rather than making
+    other features."""
+    import zarr
+    store = tmp_path / "run.zarr"
+    shutil.copytree(keep_masks, store)
+    digests = zarr.open_array(str(store / "frame_digests"), mode="r+")
+    digests[21] = (np.asarray(digests[21]) + 1).astype(np.uint8)
+    prompts = tmp_path / "new.json"
+    prompts.write_text(json.dumps({"prompts": [{"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]}))
+    proc = segpipe("track", "--store", store, "--prompts", prompts, "--direction", "forward")
+    assert_user_error(proc, "decodes differently", "frame 21")
+    assert chunk_files(store, "frames") == []  # nothing restored from the other frames
+
+
+def test_files_a_crash_left_after_a_drop_are_swept(keep_all, keep_masks, tmp_path):
+    """A kill between a drop's record and its deletes leaves the files: the next track (here
+    with nothing else to do) deletes them."""
+    store = tmp_path / "run.zarr"
+    shutil.copytree(keep_masks, store)
+    for name, k in (("frames", 1), ("features/level2", 2)):
+        left = Path(name) / "c" / str(k) / "0" / "0" / "0"
+        (store / left).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(keep_all / left, store / left)
+        assert chunk_files(store, name) == [str(left.relative_to(Path(name) / "c"))]
+    segpipe("track", "--store", store, check=True)
+    for name in ("frames", "features/level2"):
+        assert chunk_files(store, name) == [], name
