@@ -174,7 +174,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     if keep is not None and keep not in ("all", "masks"):
         raise BadInput(f"keep must be \"all\" or \"masks\", got {keep!r}")
 
-    def drop_frames(run_store, k):  # under --keep masks, once a chunk's frames are used
+    def drop_frames(run_store, k):  # under --keep masks: decode's first pass only counts
         if (keep or keep_setting(run_store)) == "masks":
             drop(run_store, "frames", k)
 
@@ -192,8 +192,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         set_keep(decoded, keep)
         encoding = dict(model=model, checkpoint=checkpoint, random_seed=random_weights,
                         device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                        quiet=quiet, force=force, precision=precision, on_commit=drop_frames,
-                        space=space)
+                        quiet=quiet, force=force, precision=precision, space=space)
         if prompts is None:
             encode_stage(store, **encoding)
             return Run(store)

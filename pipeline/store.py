@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import google_crc32c  # zarr's own crc32c implementation (Crc32cCodec)
@@ -307,8 +308,8 @@ class RunStore:
     def ledger(self, stage: str) -> "Ledger":
         """The stage's ledger; the same object every time, so its done-vector is read once."""
         ledger = self._ledgers.get(stage)
-        if ledger is None:
-            ledger = self._ledgers[stage] = Ledger(self, stage)
+        if ledger is None:  # setdefault: one object even where two threads ask at once
+            ledger = self._ledgers.setdefault(stage, Ledger(self, stage))
         return ledger
 
     def commit_array(self, name: str) -> None:
@@ -384,6 +385,9 @@ class Ledger:
         self.store = store
         self.name = f"ledger/{stage}"
         self._done: bytearray | None = None  # 1 per chunk recorded done; None: not read yet
+        # encode's reader thread may restore chunk k+1's frames (undo their drop) while its
+        # writer thread drops chunk k's: one change to a ledger at a time
+        self._lock = threading.RLock()
 
     def _array(self, create: bool = False) -> zarr.Array | None:
         arr = self.store.array(self.name)
@@ -392,9 +396,10 @@ class Ledger:
         return arr
 
     def _vector(self) -> bytearray:
-        if self._done is None:
-            self._done = self._read()
-        return self._done
+        with self._lock:
+            if self._done is None:
+                self._done = self._read()
+            return self._done
 
     def _read(self) -> bytearray:
         arr = self._array()
@@ -494,6 +499,10 @@ class Ledger:
             self._done[chunk] = value
 
     def mark_done(self, chunk: int) -> None:
+        with self._lock:
+            self._mark_done(chunk)
+
+    def _mark_done(self, chunk: int) -> None:
         try:
             arr = self._array(create=True)
             if chunk >= arr.shape[0]:
@@ -508,22 +517,24 @@ class Ledger:
 
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
-        try:
-            arr = self._array()
-            if arr is not None and chunk < arr.shape[0]:
-                arr[chunk] = 0
-                fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
-                self._set(chunk, 0)
-        except BaseException:
-            self._done = None
-            raise
+        with self._lock:
+            try:
+                arr = self._array()
+                if arr is not None and chunk < arr.shape[0]:
+                    arr[chunk] = 0
+                    fsync_entry(self.store.path / self.name / "c" / str(chunk), self.store.path)
+                    self._set(chunk, 0)
+            except BaseException:
+                self._done = None
+                raise
 
     def reset(self) -> None:
-        try:
-            self.store.delete(self.name)
-        finally:
-            self._done = None
-        self._done = bytearray()
+        with self._lock:
+            try:
+                self.store.delete(self.name)
+            finally:
+                self._done = None
+            self._done = bytearray()
 
 
 # What each stage owns in the store: resetting a stage resets every later one too.

@@ -19,7 +19,7 @@ from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
 from segpipe.model import (DEFAULT_MODEL, autocast, build_model, pick_device, pick_precision,
                            resolve_weights)
 from segpipe.lock import holds_store_lock
-from segpipe.retention import has, restored
+from segpipe.retention import drop, has, keep_setting, restored
 from segpipe.store import RunStore, reset_from
 
 STAGE = "encode"
@@ -92,12 +92,11 @@ def require_decoded(store: RunStore) -> int:
 def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
-           force: bool = False, precision: str | None = None, on_commit=None,
+           force: bool = False, precision: str | None = None,
            chunks: list[int] | None = None, space=None) -> RunStore:
-    """Encode every decoded chunk not yet encoded (or only `chunks`); `on_commit(store, k)`
-    is called after each chunk is committed (`run --keep masks` drops its frames then).
-    `space` (an `estimate.SpaceGuard`) is asked before the first write, when there is work
-    to do."""
+    """Encode every decoded chunk not yet encoded (or only `chunks`). Under `--keep masks` a
+    chunk's frames are dropped once it is encoded (`write_features`). `space` (an
+    `estimate.SpaceGuard`) is asked before the first write, when there is work to do."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -142,8 +141,6 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
 
     def write(k, levels, kinds):
         write_features(store, k, levels, kinds)
-        if on_commit is not None:
-            on_commit(store, k)
 
     todo_frames = sum(hi - lo for lo, hi in map(plan.bounds, todo))
     # One chunk read ahead and one written behind while the current one is encoded.
@@ -200,6 +197,8 @@ def write_features(store: RunStore, k: int, levels, kinds) -> None:
         arr[lo:hi] = feats
     store.commit(STAGE, k, list(LEVELS))
     restored(store, "features", k)
+    if keep_setting(store) == "masks":
+        drop(store, "frames", k)  # encoded: nothing reads them again
 
 
 def encode_chunk(store: RunStore, predictor, k: int, frames_of: FramesOnDisk,

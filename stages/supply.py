@@ -35,10 +35,8 @@ class ChunkSupply:
 
     def ensure(self, k: int) -> None:
         """Chunk k's features on disk (encoded now if they are not)."""
-        if not has(self.store, "features", k):
+        if not has(self.store, "features", k):  # (its frames dropped then, under keep masks)
             encode_chunk(self.store, self.predictor, k, self.frames_of, self.batch_size)
-        if self.keep == "masks" and has(self.store, "frames", k):
-            drop(self.store, "frames", k)  # encoded: nothing reads them again
 
     def has(self, k: int) -> bool:
         return has(self.store, "features", k)

@@ -189,3 +189,14 @@ def test_files_a_crash_left_after_a_drop_are_swept(keep_all, keep_masks, tmp_pat
     segpipe("track", "--store", store, check=True)
     for name in ("frames", "features/level2"):
         assert chunk_files(store, name) == [], name
+
+
+def test_encode_on_its_own_drops_the_frames_it_decoded_again(keep_masks, tmp_path):
+    """`encode --force` (other settings) on a `--keep masks` store decodes every chunk again
+    to encode it; the frames go again once encoded, the features stay (no pass read them)."""
+    store = tmp_path / "run.zarr"
+    shutil.copytree(keep_masks, store)
+    segpipe("encode", "--store", store, "--random-weights", 0, "--embedding-dtype", "bfloat16",
+            "--force", "--quiet", check=True)
+    assert chunk_files(store, "frames") == []
+    assert len(chunk_files(store, "features/level2")) == 6
