@@ -1,11 +1,13 @@
 """Masks in and out of the store without holding a whole (C, O, H, W) chunk in RAM.
 
-New stores chunk `masks` (T, O, H, W) as (C, 1, H, W): one zarr chunk per object and pipeline
-chunk (stores made before hold all objects in one chunk: they are read and written whole,
-as they always were). Between the tracker and the store a chunk's masks travel packed to
-bits, (frames, objects, ceil(H*W/8)) uint8 (`numpy.packbits` order, the flattened frame
-padded with zeros), an eighth of their bool size; they are unpacked one zarr chunk (writing)
-or one bounded batch of frames (reading, `mask_batches`) at a time.
+New stores chunk `masks` (T, O, H, W) as (C, 1, R, W): per pipeline chunk one zarr chunk per
+object and band of R rows, R the most rows that keep a zarr chunk within `MASK_CHUNK_BYTES`
+(all H rows but for large frames: at 3840x2160 and C = 32, 136 rows). Stores made before
+hold all rows (and, older still, all objects) in one chunk: they are read and written as
+they are chunked. Between the tracker and the store a chunk's masks travel packed to bits,
+(frames, objects, ceil(H*W/8)) uint8 (`numpy.packbits` order, the flattened frame padded
+with zeros), an eighth of their bool size; they are unpacked one zarr chunk (writing) or one
+bounded batch of frames (reading, `mask_batches`) at a time.
 """
 from __future__ import annotations
 
@@ -18,6 +20,22 @@ from .store import RunStore
 # Masks an export holds at once, in bytes: at most this much packed (a segment of frames)
 # and this much unpacked (a batch of frames, what the writers get).
 BATCH_BYTES = 128 << 20
+
+
+# The most bytes of one zarr chunk of masks: unpacking or decompressing one never holds more.
+MASK_CHUNK_BYTES = 16 << 20
+
+
+def mask_chunks(C: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """The zarr chunk shape of a new store's masks: (C, 1, R, W)."""
+    return C, 1, max(1, min(height, MASK_CHUNK_BYTES // (C * width))), width
+
+
+def row_bands(store: RunStore) -> list[tuple[int, int]]:
+    """[r0, r1) row ranges of the masks that one zarr chunk each holds."""
+    arr = store.array("masks")
+    H, step = arr.shape[2], arr.chunks[2]
+    return [(r, min(r + step, H)) for r in range(0, H, step)]
 
 
 def packed_size(height: int, width: int) -> int:
@@ -37,12 +55,23 @@ def unpack(packed: np.ndarray, height: int, width: int) -> np.ndarray:
     return flat.view(bool).reshape(*packed.shape[:-1], height, width)
 
 
+def unpack_rows(packed: np.ndarray, width: int, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1-1 of packed masks: (..., ceil(H*W/8)) uint8 -> (..., r1 - r0, W) bool,
+    unpacking only the bytes that hold them."""
+    first, last = r0 * width, r1 * width  # the rows' bits in the flattened frame
+    start, skip = divmod(first, 8)
+    bits = np.unpackbits(packed[..., start:-(-last // 8)], axis=-1)[..., skip:skip + last - first]
+    return bits.view(bool).reshape(*packed.shape[:-1], r1 - r0, width)
+
+
 def write_packed(store: RunStore, a: int, b: int, packed: np.ndarray) -> None:
-    """masks[a:b] = unpack(packed), one zarr chunk (new stores: one object) at a time."""
+    """masks[a:b] = unpack(packed), one zarr chunk (new stores: one object's band of rows)
+    at a time."""
     arr = store.array("masks")
-    H, W = arr.shape[2:]
+    W = arr.shape[3]
     for s0, s1 in store.col_groups("masks"):
-        arr[a:b, s0:s1] = unpack(packed[:, s0:s1], H, W)
+        for r0, r1 in row_bands(store):
+            arr[a:b, s0:s1, r0:r1] = unpack_rows(packed[:, s0:s1], W, r0, r1)
 
 
 def write_fill(store: RunStore, a: int, b: int) -> None:
@@ -50,7 +79,8 @@ def write_fill(store: RunStore, a: int, b: int) -> None:
     chunk's fill at once)."""
     arr = store.array("masks")
     for s0, s1 in store.col_groups("masks"):
-        arr[a:b, s0:s1] = False
+        for r0, r1 in row_bands(store):
+            arr[a:b, s0:s1, r0:r1] = False
 
 
 def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:

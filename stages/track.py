@@ -28,7 +28,7 @@ from segpipe.errors import BadInput, StoreNotReady
 from segpipe.model import (autocast, build_model, pick_device, resolve_weights,
                            tracking_options)
 from segpipe.lock import holds_store_lock
-from segpipe.maskio import packed_size, write_fill, write_packed
+from segpipe.maskio import mask_chunks, packed_size, write_fill, write_packed
 from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
 from segpipe.track_settings import ABSENT_LOGIT, OPTIONS, pick_options, stored_settings
 from segpipe.stages.encode import (LEVELS, check_model, from_storage, model_spec, require_decoded,
@@ -370,8 +370,8 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     reset_from(store, "track")
     O = len(settings["object_ids"])
     H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
-    # one zarr chunk per object: a chunk in RAM is (C, 1, H, W), whatever the objects
-    store.create_array("masks", (T, O, H, W), (C, 1, H, W), "bool", fill_value=False,
+    # one zarr chunk per object and band of rows: one in RAM is small, whatever the objects
+    store.create_array("masks", (T, O, H, W), mask_chunks(C, H, W), "bool", fill_value=False,
                        attributes={"object_ids": settings["object_ids"]})
     store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
     store.create_array("tracked", (T,), (C,), "bool", fill_value=False)

@@ -280,3 +280,14 @@ def test_run_exports_all_three_next_to_the_store(tmp_path, clip_dir):
     folder = tmp_path / "run.export"
     assert (folder / "masks.json").is_file() and (folder / "overlay.mp4").is_file()
     assert len(list((folder / "davis").iterdir())) == 40
+
+
+def test_rows_unpacked_from_packed_masks_are_those_rows():
+    """Bands of rows read straight from the packed bits, widths not a multiple of 8 too."""
+    rng = np.random.default_rng(0)
+    for H, W in ((7, 5), (13, 9), (6, 16)):
+        masks = rng.random((3, 2, H, W)) < 0.5
+        packed = maskio.pack(masks)
+        for r0 in range(H):
+            for r1 in range(r0 + 1, H + 1):
+                assert np.array_equal(maskio.unpack_rows(packed, W, r0, r1), masks[..., r0:r1, :])
