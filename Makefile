@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch setuptools wheel
 	SAM2_BUILD_CUDA=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
-		--no-build-isolation -e '.[test]'
+		--no-build-isolation -e '.[test,dask]'
 	touch $@
 
 install: $(VENV)/.installed
