@@ -76,7 +76,7 @@ def _client(workers: int | None, scheduler: str | None):
             yield client
         return
     try:
-        client = Client(scheduler, timeout=10)
+        client = Client(scheduler)  # within Dask's connect timeout (its config: 30 s)
     except (OSError, TimeoutError, ValueError) as e:
         raise BadInput(f"cannot reach the Dask scheduler at {scheduler}: "
                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
@@ -89,9 +89,11 @@ def _client(workers: int | None, scheduler: str | None):
 
 
 def _dashboard(client, workers: int | None) -> str:
-    if workers is not None and importlib.util.find_spec("bokeh") is None:
+    if "dashboard" in client.scheduler_info().get("services", {}):
+        return client.dashboard_link
+    if workers is not None:
         return "off (pip install bokeh for Dask's dashboard)"
-    return client.dashboard_link
+    return "off"
 
 
 class Cluster:
