@@ -69,7 +69,9 @@ def _client(workers: int | None, scheduler: str | None):
     from distributed import Client, LocalCluster
     logging.getLogger("distributed").setLevel(logging.ERROR)  # failures come back as errors
     if workers is not None:
-        dashboard = ":8787" if importlib.util.find_spec("bokeh") else None
+        # Dask's port where the dashboard can be served (bokeh), else any free one (its
+        # HTTP server still runs: health and metrics)
+        dashboard = ":8787" if importlib.util.find_spec("bokeh") else ":0"
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           silence_logs=logging.ERROR, dashboard_address=dashboard) as local, \
                 Client(local) as client:
@@ -89,11 +91,9 @@ def _client(workers: int | None, scheduler: str | None):
 
 
 def _dashboard(client, workers: int | None) -> str:
-    if "dashboard" in client.scheduler_info().get("services", {}):
-        return client.dashboard_link
-    if workers is not None:
+    if workers is not None and importlib.util.find_spec("bokeh") is None:
         return "off (pip install bokeh for Dask's dashboard)"
-    return "off"
+    return client.dashboard_link  # a scheduler's own: served where it has bokeh
 
 
 class Cluster:

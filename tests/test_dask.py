@@ -57,7 +57,7 @@ def cluster():
     """A LocalCluster the tests watch (which worker runs what) and whose workers they kill;
     its nannies start a new worker process for each one killed."""
     from distributed import Client, LocalCluster
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0",
                       silence_logs=logging.ERROR) as local, Client(local) as client:
         yield client
 
