@@ -35,7 +35,7 @@ test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
-	for b in startup decode encode track export overhead 4k; do $(PY) benchmarks/bench_$$b.py || exit 1; done
+	for b in startup decode encode track export overhead 4k dask; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf build
