@@ -96,22 +96,6 @@ def committed(store: Path, stage: str) -> dict[int, float]:
     return {int(p.name): p.stat().st_mtime for p in folder.iterdir()} if folder.is_dir() else {}
 
 
-def test_run_on_two_workers_is_the_single_process_run(small, reference, tmp_path):
-    """`run --workers 2` (segpipe's own LocalCluster): the same store and exports, bit for
-    bit. The chunk of the first prompt (chunk 1: frames 4..7, the forward pass writes 5..7,
-    the reverse pass 4) is written by the reverse pass only after the forward pass committed
-    it: the reverse pass starts (writes its prompted memory) after that commit."""
-    store = tmp_path / "clip.zarr"
-    proc = segpipe(*run_args(small, store), "--workers", 2)
-    assert proc.returncode == 0, proc.stderr
-    assert "dask: 2 workers (cpu); dashboard" in proc.stderr
-    assert_same_run(reference, store)
-    forward_commit = committed(store, "track_forward")[1]
-    reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
-    assert reverse_start >= forward_commit
-    assert committed(store, "track_reverse")[1] >= forward_commit
-
-
 def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
         small, reference, cluster, tmp_path):
     """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
@@ -138,15 +122,20 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
         assert all(after[k] == t for k, t in before.items()), stage
 
 
-def test_the_client_killed_mid_run_takes_its_workers_and_a_rerun_finishes(small, reference,
-                                                                          tmp_path):
-    """kill -9 of `run --workers 2` mid-encode: its worker processes end with it (nothing
-    writes behind the rerun's back); the rerun (here in one process) continues from the
-    ledger to the same store."""
+def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_run(
+        small, reference, tmp_path):
+    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode: its
+    worker processes end with it (nothing writes behind a rerun's back); the same command
+    again continues from the ledger to the same store and exports, bit for bit.
+
+    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
+    reverse pass 4) is written by the reverse pass only after the forward pass committed
+    it: the reverse pass starts (writes its prompted memory) after that commit."""
     import psutil
     store = tmp_path / "clip.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store)),
-                             "--workers", "2", "--quiet"], cwd=ROOT, stderr=subprocess.DEVNULL)
+    args = [*map(str, run_args(small, store)), "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT,
+                            stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: 1 <= ledger_count(store, "encode") < CHUNKS, proc, timeout=180)
         workers = psutil.Process(proc.pid).children(recursive=True)
@@ -159,9 +148,15 @@ def test_the_client_killed_mid_run_takes_its_workers_and_a_rerun_finishes(small,
     assert len(workers) >= 2
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, alive
-    segpipe(*run_args(small, store), "--quiet", check=True)
+    rerun = segpipe(*args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
     assert_same_run(reference, store)
     assert all(committed(store, "encode")[k] == t for k, t in done.items())
+    forward_commit = committed(store, "track_forward")[1]
+    reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
+    assert reverse_start >= forward_commit
+    assert committed(store, "track_reverse")[1] >= forward_commit
 
 
 def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
@@ -259,3 +254,12 @@ def test_workers_that_cannot_see_the_store_are_refused(small, scheduler, tmp_pat
     proc = segpipe(*run_args(small, store), "--scheduler", address)
     assert_user_error(proc, "dask worker", "not visible here", "shared")
     assert not store.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "encode", "track", "dataset"])
+def test_help_has_workers_and_scheduler_with_an_example(command):
+    text = segpipe(command, "--help", check=True).stdout
+    assert "--workers N" in text and "--scheduler ADDRESS" in text
+    example = text.split("Example")[1]
+    assert f"segpipe {command}" in example
+    assert "--workers 2" in example or "--workers 4" in example or "--scheduler tcp://" in example
