@@ -129,6 +129,7 @@ def export_rest(cluster, jobs: list, requests: list[dict], quiet: bool) -> None:
 
 
 def _send_export(cluster, job, request: dict, k: int):
+    job.store.ledger(job.stage).reserve(max(job.chunks) + 1)  # once: later calls find it so
     work = Work(_token(job.store), None, "cpu", 1, cluster.threads)
     return cluster.submit(export_task, str(job.store.path.resolve()),
                           {**request, "out": str(job.out)}, k, work, key=f"export-{job.fmt}-{k}")
