@@ -130,7 +130,7 @@ def export_rest(cluster, jobs: list, requests: list[dict], quiet: bool) -> None:
 
 def _send_export(cluster, job, request: dict, k: int):
     job.store.ledger(job.stage).reserve(max(job.chunks) + 1)  # once: later calls find it so
-    work = Work(_token(job.store), None, "cpu", 1, cluster.threads)
+    work = cluster.work(job.store.path, None, "cpu")  # the lease; exports run no model
     return cluster.submit(export_task, str(job.store.path.resolve()),
                           {**request, "out": str(job.out)}, k, work, key=f"export-{job.fmt}-{k}")
 
@@ -152,11 +152,6 @@ def videos(cluster, layout, names: list[str], options, out, work_dir, total: int
                 log.info(f"{result.video}: {result.status.removeprefix('failed: ')}", quiet)
         cluster.wait(futures, each=done)
     return [f.result() for f in futures]
-
-
-def _token(store) -> str:
-    from .lock import token
-    return token(store.path)
 
 
 # -- the workers ---------------------------------------------------------------------------
