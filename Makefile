@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch setuptools wheel
 	SAM2_BUILD_CUDA=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
-		--no-build-isolation -e '.[test]'
+		--no-build-isolation -e '.[test,dask]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -35,7 +35,7 @@ test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
-	for b in startup decode encode track export overhead 4k; do $(PY) benchmarks/bench_$$b.py || exit 1; done
+	for b in startup decode encode track export overhead 4k dask; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf build

@@ -55,7 +55,8 @@ def decode(video, store, *, chunk_size: int | None = None, image_size: int | Non
 def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
            random_weights: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", precision: str | None = None, force: bool = False,
-           space_check: bool = True, progress: bool = True) -> Run:
+           space_check: bool = True, progress: bool = True, workers: int | None = None,
+           scheduler: str | None = None) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
 
     `precision`: "bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs (the
@@ -67,22 +68,30 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
     Before writing, the storage estimate is shown and, with `space_check`, `NotEnoughSpace`
     is raised when the store's file system has less free space than the features need.
 
+    `workers=N` encodes on a local Dask cluster of N processes, `scheduler="tcp://..."` on
+    the workers of that Dask scheduler (see `segpipe.cluster`); the chunks are spread
+    over them.
+
     Example:
         >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
     """
+    from .cluster import connect
     from .stages.encode import encode as encode_stage
     space = SpaceGuard(store, ("decode", "encode"), "encode", enabled=space_check,
                        quiet=not progress)
-    encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
-                 device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                 quiet=not progress, force=force, precision=precision, space=space)
+    with connect(workers, scheduler, device, not progress, store, [checkpoint]) as cluster:
+        encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
+                     device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
+                     quiet=not progress, force=force, precision=precision, space=space,
+                     cluster=cluster)
     return Run(store)
 
 
 def track(store, prompts=None, *, direction: str | None = None, checkpoint: str | None = None,
           device: str = "auto", force: bool = False, progress: bool = True,
           postprocessing: bool | None = None, non_overlap: bool | None = None,
-          score_threshold: float | None = None, object_start: str | None = None) -> Run:
+          score_threshold: float | None = None, object_start: str | None = None,
+          workers: int | None = None, scheduler: str | None = None) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
     `prompts`: a prompts file path, a list of its entries (dicts), or `segpipe.Prompt`
@@ -96,14 +105,19 @@ def track(store, prompts=None, *, direction: str | None = None, checkpoint: str 
     2's predictor; "own": each from its own first prompt, empty before, forward only, as
     vos_inference's --track_object_appearing_later_in_video).
 
+    `workers` / `scheduler`: on Dask (as `encode`), the forward and reverse passes side by
+    side.
+
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
     """
+    from .cluster import connect
     from .stages.track import track as track_stage
-    track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
-                quiet=not progress, force=force, postprocessing=postprocessing,
-                non_overlap=non_overlap, score_threshold=score_threshold,
-                object_start=object_start)
+    with connect(workers, scheduler, device, not progress, store, [checkpoint]) as cluster:
+        track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
+                    quiet=not progress, force=force, postprocessing=postprocessing,
+                    non_overlap=non_overlap, score_threshold=score_threshold,
+                    object_start=object_start, cluster=cluster)
     return Run(store)
 
 
@@ -137,7 +151,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
         object_start: str | None = None,
         keep: str | None = None,
         exports: Sequence[str] | None = None, force: bool = False, space_check: bool = True,
-        progress: bool = True) -> Run:
+        progress: bool = True, workers: int | None = None, scheduler: str | None = None) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
     with each chunk encoded just before a pass tracks it and exported (`exports`, default
     davis, vis-json, overlay; [] for none, into `<store name>.export/` beside the store) as
@@ -154,6 +168,11 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     the store's file system has less free space than the run still needs: under
     `keep="masks"` (given, or the store's) with frames and features counted as the 3
     chunks of each such a run holds at once.
+
+    `workers=N` (a local Dask cluster of N processes) or `scheduler="tcp://..."` (the
+    workers of that Dask scheduler; see `segpipe.cluster`): decode here, then every chunk
+    encoded on the workers, the forward and reverse passes side by side, each chunk
+    exported as its masks are final; the same store and exports. Not with `keep="masks"`.
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -173,6 +192,8 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     from .stages.track import track as track_stage
     if keep is not None and keep not in ("all", "masks"):
         raise BadInput(f"keep must be \"all\" or \"masks\", got {keep!r}")
+    if keep == "masks" and (workers is not None or scheduler is not None):
+        raise BadInput("--keep masks runs in one process: run it without --workers or --scheduler")
 
     def drop_frames(run_store, k):  # under --keep masks: decode's first pass only counts
         if (keep or keep_setting(run_store)) == "masks":
@@ -184,7 +205,10 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
                   len(exports) if prompts is not None else 0, device)
     space = SpaceGuard(store, stages, "run", later, enabled=space_check, keep=keep,
                        quiet=quiet)
-    with store_lock(store):  # the whole run, not only each stage
+    from .cluster import connect
+    with store_lock(store), \
+            connect(workers, scheduler, device, quiet, store, [video, checkpoint]) as cluster:
+        # the whole run holds the lock, not only each stage; Dask's workers write under it
         decoded = decode_stage(Path(video), Path(store), chunk_size, image_size, quiet=quiet,
                                force=force, stream=stream, fps=fps,
                                on_commit=drop_frames if prompts is not None else None,
@@ -194,19 +218,21 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
                         device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
                         quiet=quiet, force=force, precision=precision, space=space)
         if prompts is None:
-            encode_stage(store, **encoding)
+            encode_stage(store, **encoding, cluster=cluster)
             return Run(store)
-        encode_stage(store, **encoding, chunks=[])  # the model, checked and recorded
+        # the model, checked and recorded (on Dask, every chunk encoded: the workers have
+        # nothing else to do yet)
+        encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
         space.before_track(RunStore.open(store))
         exporting = ExportsAsTracked(store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f])
-                                             for f in exports])
+                                             for f in exports], cluster)
         track_stage(store, prompts, direction, device=device, checkpoint=checkpoint,
                     quiet=quiet, postprocessing=postprocessing, non_overlap=non_overlap,
                     score_threshold=score_threshold, object_start=object_start,
-                    on_commit=exporting.committed, batch_size=batch_size)
+                    on_commit=exporting.committed, batch_size=batch_size, cluster=cluster)
         exporting.finish(quiet)
-        if keep_setting(decoded) == "all":  # the chunks no pass needed: re-prompting is free
-            encode_stage(store, **encoding)
+        if keep_setting(decoded) == "all" and cluster is None:  # the chunks no pass needed:
+            encode_stage(store, **encoding)                       # re-prompting is then free
     return Run(store)
 
 
@@ -229,17 +255,20 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, *,
             checkpoint: str | None = None, random_weights: int | None = None,
             image_size: int | None = None, chunk_size: int | None = None,
             device: str = "auto", batch_size: int = 1, embedding_dtype: str = "float32",
-            precision: str | None = None, progress: bool = True) -> list:
+            precision: str | None = None, progress: bool = True, workers: int | None = None,
+            scheduler: str | None = None) -> list:
     """SAM 2's tools/vos_inference.py over a VOS dataset, with its options and output PNGs,
     one resumable store per video under `work_dir`. Returns one `VideoResult` per video
     (video, frames, objects, seconds, status); a video that fails is reported there
-    ("failed: <reason>") and the others go on.
+    ("failed: <reason>") and the others go on. `workers` / `scheduler`: the videos side
+    by side on Dask (as `run`), one task per video.
 
     Example:
         >>> results = segpipe.dataset("DAVIS/JPEGImages/480p", "DAVIS/Annotations/480p",
         ...                           "out/", "stores/", checkpoint="sam2.1_hiera_tiny.pt")
         >>> [r.status for r in results]
     """
+    from .cluster import connect
     from .vos_dataset import Options, run_dataset
     options = Options(
         score_thresh=score_thresh, use_all_masks=use_all_masks, per_obj_png_file=per_obj_png_file,
@@ -248,8 +277,13 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, *,
         model=model, checkpoint=checkpoint, random_seed=random_weights, image_size=image_size,
         chunk_size=chunk_size, device=device, batch_size=batch_size,
         embedding_dtype=embedding_dtype, precision=precision)
-    return run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
-                       video_list_file, options, quiet=not progress)
+    if workers is None and scheduler is None:
+        return run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+                           video_list_file, options, quiet=not progress)
+    paths = [base_video_dir, input_mask_dir, checkpoint]
+    with connect(workers, scheduler, device, not progress, paths=paths) as cluster:
+        return run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
+                           video_list_file, options, quiet=not progress, cluster=cluster)
 
 
 def evaluate(results_dir, gt_dir, *, videos: Sequence[str] | None = None,

@@ -74,6 +74,18 @@ def mask_options(f):
     return f
 
 
+def dask_options(f):
+    """Where the work runs: here (default), or on Dask workers (`segpipe.cluster`)."""
+    f = click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help="Run on the workers of this Dask scheduler (e.g. tcp://10.0.0.5:8786); "
+                          "they must see the store and inputs at the same paths (a shared "
+                          "file system).")(f)
+    f = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Run on a local Dask cluster of N worker processes, one thread each "
+                          "(pip install 'segpipe[dask]').  [default: one process, no Dask]")(f)
+    return f
+
+
 FORCE = click.option("--force", is_flag=True,
                      help="Where the store was made with other settings, start this stage (and "
                           "every later one) over instead of refusing.")
@@ -129,23 +141,25 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, no_space_ch
 @STORE
 @encode_options
 @DEVICE
+@dask_options
 @FORCE
 @NO_SPACE_CHECK
 @QUIET
 def encode(store, model, checkpoint, random_seed, batch_size, precision, embedding_dtype, device,
-           force, no_space_check, quiet):
+           workers, scheduler, force, no_space_check, quiet):
     """Compute SAM 2 image embeddings for every decoded frame. First prints the storage
     estimate and refuses if the features need more than the free space.
 
     \b
     Example:
       segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
+      segpipe encode --store clip.zarr --checkpoint sam2.1_hiera_tiny.pt --workers 4
     """
     with writing(store):
         api.encode(store, model=model, checkpoint=checkpoint, random_weights=random_seed,
                    device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
                    precision=precision, force=force, space_check=not no_space_check,
-                   progress=not quiet)
+                   progress=not quiet, workers=workers, scheduler=scheduler)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -157,21 +171,24 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
 @mask_options
 @CHECKPOINT
 @DEVICE
+@dask_options
 @FORCE_AGAIN
 @QUIET
 def track(store, prompts, direction, postprocessing, non_overlap, score_threshold, object_start,
-          checkpoint, device, force, quiet):
-    """Track the prompted objects through the video from the stored embeddings.
+          checkpoint, device, workers, scheduler, force, quiet):
+    """Track the prompted objects through the video from the stored embeddings (on Dask
+    workers: the forward and reverse passes side by side).
 
     \b
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
+      segpipe track --store clip.zarr --prompts prompts.json --scheduler tcp://10.0.0.5:8786
     """
     with writing(store):
         api.track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
                   force=force, progress=not quiet, postprocessing=postprocessing,
                   non_overlap=non_overlap, score_threshold=score_threshold,
-                  object_start=object_start)
+                  object_start=object_start, workers=workers, scheduler=scheduler)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -217,20 +234,28 @@ def export(store, fmt, out, frames, objects, force, quiet):
               help="Export formats after tracking (comma list, or 'none'), into STORE's "
                    "sibling folder <store name>.export/.")
 @DEVICE
+@dask_options
 @FORCE
 @NO_SPACE_CHECK
 @QUIET
 def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
         batch_size, precision, embedding_dtype, direction, postprocessing, non_overlap,
-        score_threshold, object_start, keep, exports, device, force, no_space_check, quiet):
+        score_threshold, object_start, keep, exports, device, workers, scheduler, force,
+        no_space_check, quiet):
     """Run every stage on VIDEO in order, each resuming where it stopped. First prints the
     storage estimate of the whole store by array group (frames, features, memory, masks)
     and refuses if it needs more than the free space of the store's file system.
+
+    With --workers or --scheduler, decode runs here and the rest on Dask workers: every
+    chunk encoded side by side, the forward and reverse passes side by side, each chunk
+    exported once its masks are final; the store and exports are the same.
 
     \b
     Example:
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
           --image-size 256 --chunk-size 16 --export davis,overlay
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json \\
+          --checkpoint sam2.1_hiera_tiny.pt --workers 2
     """
     formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
     with writing(store):
@@ -241,7 +266,7 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
                 direction=direction, postprocessing=postprocessing, non_overlap=non_overlap,
                 score_threshold=score_threshold, object_start=object_start, keep=keep,
                 exports=formats, force=force, space_check=not no_space_check,
-                progress=not quiet)
+                progress=not quiet, workers=workers, scheduler=scheduler)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -273,11 +298,13 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
               metavar="GT_DIR", help="Then compute DAVIS J&F against these ground-truth PNGs.")
 @encode_options
 @DEVICE
+@dask_options
 @QUIET
 def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_list_file,
             score_thresh, use_all_masks, per_obj_png_file, apply_postprocessing,
             track_object_appearing_later_in_video, image_size, chunk_size, gt_dir, model,
-            checkpoint, random_seed, batch_size, precision, embedding_dtype, device, quiet):
+            checkpoint, random_seed, batch_size, precision, embedding_dtype, device, workers,
+            scheduler, quiet):
     """SAM 2's tools/vos_inference.py over a VOS dataset (DAVIS, YouTube-VOS, MOSE, SA-V
     layouts): the same output PNGs, chunked, resumable, bounded in memory. Ends with a
     table of the videos; exits 1 if any failed.
@@ -287,6 +314,7 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_lis
       segpipe dataset --base-video-dir DAVIS/JPEGImages/480p \\
           --input-mask-dir DAVIS/Annotations/480p --output-mask-dir out/ \\
           --work-dir stores/ --checkpoint sam2.1_hiera_tiny.pt
+      segpipe dataset ... --workers 4    (the same, four videos at a time on Dask)
     """
     from .vos_dataset import table
     with interrupt.finishing_chunks():
@@ -299,7 +327,7 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_lis
             model=model, checkpoint=checkpoint, random_weights=random_seed,
             image_size=image_size, chunk_size=chunk_size, device=device,
             batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
-            progress=not quiet)
+            progress=not quiet, workers=workers, scheduler=scheduler)
     interrupt.check()
     click.echo(table(results))
     failed = [r for r in results if r.failed]

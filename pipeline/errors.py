@@ -29,7 +29,10 @@ class DamagedStore(SegpipeError):
     def __init__(self, store, name: str, chunk: int, reason: str):
         super().__init__(f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
                          f"run `segpipe repair --store {store}`")
-        self.name, self.chunk, self.reason = name, chunk, reason
+        self.store, self.name, self.chunk, self.reason = store, name, chunk, reason
+
+    def __reduce__(self):  # raised on a Dask worker, it travels to the client pickled
+        return type(self), (self.store, self.name, self.chunk, self.reason)
 
 
 class StoreLocked(SegpipeError):

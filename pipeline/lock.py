@@ -10,6 +10,13 @@ Every stage takes the lock itself (`holds_store_lock`), so work started from Pyt
 guarded like work started from the CLI. The lock is re-entrant for the thread that holds it
 (`run` holds it across the stages it calls); another thread of the same process is refused
 like another process.
+
+Work dispatched to Dask workers (`segpipe.cluster`) writes under the lock its client holds:
+the lock file also records a random token, the task carries it, and the worker checks
+(`check_lease`) that the lock is still held and still names that token before it starts and
+after each chunk it commits. A worker that sees no such lock file does not share the
+client's file system; a task of a client that has died or been replaced writes nothing
+more (beyond the chunk in flight).
 """
 from __future__ import annotations
 
@@ -21,12 +28,13 @@ import os
 import socket
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StoreLocked
 
-_held: dict[Path, list] = {}  # lock path -> [fd, depth, owning thread], for this process
+_held: dict[Path, list] = {}  # lock path -> [fd, depth, owning thread, token], for this process
 _guard = threading.Lock()
 
 
@@ -45,7 +53,8 @@ def store_lock(store: Path):
                                   f"(pid {os.getpid()}); one writer per store")
             _held[path][1] += 1
         else:
-            _held[path] = [_acquire(path, store), 1, threading.get_ident()]
+            token = uuid.uuid4().hex
+            _held[path] = [_acquire(path, store, token), 1, threading.get_ident(), token]
     try:
         yield
     finally:
@@ -55,7 +64,7 @@ def store_lock(store: Path):
                 os.close(_held.pop(path)[0])  # releases the flock
 
 
-def _acquire(path: Path, store: Path) -> int:
+def _acquire(path: Path, store: Path, token: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -66,7 +75,7 @@ def _acquire(path: Path, store: Path) -> int:
         raise StoreLocked(f"store {store} is in use by {holder}; "
                         f"wait for it to finish (one writer per store)") from None
     info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "token": token}
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
@@ -74,6 +83,36 @@ def _acquire(path: Path, store: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def token(store: Path) -> str:
+    """The token of the lock this process holds on `store` (see `check_lease`)."""
+    with _guard:
+        return _held[lock_path(store)][3]
+
+
+def check_lease(store: Path, token: str) -> None:
+    """Raise `StoreLocked` unless `store`'s lock is held (by another process: the client)
+    and names `token`. Tried with a shared flock: it is refused exactly while the lock is
+    held, and released at once when it is not."""
+    path = lock_path(store)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise StoreLocked(f"store {store} is not visible here (no {path.name} beside it): "
+                          f"Dask workers need the client's file system, shared") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            held = False
+        except BlockingIOError:
+            held = True
+        recorded = _info(fd).get("token")
+    finally:
+        os.close(fd)
+    if not held or recorded != token:
+        raise StoreLocked(f"store {store} is no longer locked by the run that sent this work "
+                          f"(it stopped, or another run took over); this task writes nothing")
 
 
 def holds_store_lock(fn):
@@ -88,9 +127,17 @@ def holds_store_lock(fn):
     return locked
 
 
-def _holder(fd: int) -> str:
+def _info(fd: int) -> dict:
     try:
         info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder(fd: int) -> str:
+    info = _info(fd)
+    try:
         return f"pid {info['pid']} on {info['host']} (started {info['started']})"
-    except (ValueError, KeyError):
+    except KeyError:
         return "another segpipe process"

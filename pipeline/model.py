@@ -110,6 +110,23 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
     return predictor.to(device).eval()
 
 
+class Models:
+    """Predictors built once and kept, one per build (model, image size, weights, device,
+    tracking options): the dataset command's videos share them, and so do the tasks a Dask
+    worker runs."""
+
+    def __init__(self):
+        self.built = {}
+
+    def get(self, model: str, image_size: int, weights: Weights, device: str,
+            postprocessing: bool = True, non_overlap: bool = False):
+        key = (model, image_size, weights, device, postprocessing, non_overlap)
+        if key not in self.built:
+            self.built[key] = build_model(model, image_size, weights, device,
+                                          postprocessing=postprocessing, non_overlap=non_overlap)
+        return self.built[key]
+
+
 def tracking_options(predictor) -> dict:
     """The build options a predictor was made with, as the track settings record them."""
     return {"postprocessing": predictor.fill_hole_area > 0,

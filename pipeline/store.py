@@ -498,6 +498,21 @@ class Ledger:
                 self._done.extend(bytes(chunk + 1 - len(self._done)))
             self._done[chunk] = value
 
+    def reread(self) -> "Ledger":
+        """Forget the done-vector, so the next question reads the records again: other
+        processes (Dask workers, under this one's lock) commit chunks too."""
+        self._done = None
+        return self
+
+    def reserve(self, chunks: int) -> None:
+        """Size the record for chunks 0..chunks-1 now. Growing it rewrites the array's
+        metadata, so it is done before work goes to Dask workers, which then commit chunks
+        side by side without resizing it."""
+        arr = self._array(create=True)
+        if chunks > arr.shape[0]:
+            arr.resize((chunks,))
+            fsync_entry(self.store.path / self.name / "zarr.json", self.store.path)
+
     def mark_done(self, chunk: int) -> None:
         with self._lock:
             self._mark_done(chunk)

@@ -55,7 +55,9 @@ class VideoResult:
 
 def run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
                 video_list_file=None, options: Options = Options(),
-                quiet: bool = False) -> list[VideoResult]:
+                quiet: bool = False, cluster=None) -> list[VideoResult]:
+    """Every video, one after the other; with `cluster` (`segpipe.cluster`), side by side on
+    Dask workers, one task per video (`segpipe.units`)."""
     layout = Layout(Path(base_video_dir), Path(input_mask_dir), options.per_obj_png_file)
     names = video_names(layout.base_video_dir,
                         None if video_list_file is None else Path(video_list_file))
@@ -63,41 +65,50 @@ def run_dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir,
         raise BadInput(f"no videos in {layout.base_video_dir}")
     output_mask_dir, work_dir = Path(output_mask_dir), Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(frame_count(layout, v) for v in names)
+    if cluster is not None:
+        from .units import videos
+        return videos(cluster, layout, names, options, output_mask_dir, work_dir, total, quiet)
     runner = VideoRunner(options, output_mask_dir, work_dir, quiet)
-    total = sum(_frame_count(layout, v) for v in names)
     results = []
     with log.progress("dataset", total, quiet) as bar:
         for n, video in enumerate(names):
             bar.set_description(f"dataset: video {n + 1}/{len(names)}")
-            began = time.perf_counter()
-            result = VideoResult(video)
-            try:
-                result = runner.run(layout, video)
-            except SegpipeError as e:
-                result.status = f"failed: {e.message}"
-                log.info(f"{video}: {e.message}", quiet)
-            result.seconds = time.perf_counter() - began
-            results.append(result)
-            bar.update(_frame_count(layout, video))
+            results.append(run_video(runner, layout, video))
+            bar.update(frame_count(layout, video))
     return results
+
+
+def run_video(runner: "VideoRunner", layout: Layout, video: str) -> VideoResult:
+    """One video; a failure of its own (`SegpipeError`) is its result, and the others go on."""
+    began = time.perf_counter()
+    result = VideoResult(video)
+    try:
+        result = runner.run(layout, video)
+    except SegpipeError as e:
+        result.status = f"failed: {e.message}"
+        log.info(f"{video}: {e.message}", runner.quiet)
+    result.seconds = time.perf_counter() - began
+    return result
 
 
 class VideoRunner:
     """The stages for one video after another; the model is built once, when first needed."""
 
-    def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool):
+    def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool,
+                 models=None):
+        from .model import Models
         self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
-        self.predictors = {}
+        self.models = Models() if models is None else models
 
     def model(self, image_size: int, device: str):
         """One predictor per image size (stores made earlier may have another)."""
-        if image_size not in self.predictors:
-            from .model import build_model, resolve_weights
-            o = self.options
-            self.predictors[image_size] = build_model(
-                o.model, image_size, resolve_weights(o.model, o.checkpoint, o.random_seed),
-                device, postprocessing=o.apply_postprocessing, non_overlap=not o.per_obj_png_file)
-        return self.predictors[image_size]
+        from .model import resolve_weights
+        o = self.options
+        return self.models.get(o.model, image_size,
+                               resolve_weights(o.model, o.checkpoint, o.random_seed), device,
+                               postprocessing=o.apply_postprocessing,
+                               non_overlap=not o.per_obj_png_file)
 
     def run(self, layout: Layout, video: str) -> VideoResult:
         from .lock import store_lock
@@ -135,7 +146,7 @@ class VideoRunner:
         return result
 
 
-def _frame_count(layout: Layout, video: str) -> int:
+def frame_count(layout: Layout, video: str) -> int:
     from .frame_folder import frame_files
     try:
         return len(frame_files(layout.base_video_dir / video))

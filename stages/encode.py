@@ -93,10 +93,11 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
            random_seed: int | None = None, device: str = "auto", batch_size: int = 1,
            embedding_dtype: str = "float32", quiet: bool = False, predictor=None,
            force: bool = False, precision: str | None = None,
-           chunks: list[int] | None = None, space=None) -> RunStore:
+           chunks: list[int] | None = None, space=None, cluster=None) -> RunStore:
     """Encode every decoded chunk not yet encoded (or only `chunks`). Under `--keep masks` a
     chunk's frames are dropped once it is encoded (`write_features`). `space` (an
-    `estimate.SpaceGuard`) is asked before the first write, when there is work to do."""
+    `estimate.SpaceGuard`) is asked before the first write, when there is work to do. With
+    `cluster` (`segpipe.cluster`), the chunks are encoded on Dask workers (`segpipe.units`)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     if batch_size < 1:
@@ -107,7 +108,8 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     if precision is None:  # the store's, else the default of the device the model runs on
         stored = (store.attrs.get("model") or {}).get("precision")
         precision = stored or pick_precision(
-            None, predictor.device.type if predictor is not None else pick_device(device))
+            None, cluster.device if cluster is not None
+            else predictor.device.type if predictor is not None else pick_device(device))
     precision = pick_precision(precision, "cpu")  # validated
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     restart = None
@@ -131,6 +133,12 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
     if not todo:
         if chunks is None:
             log.info("encode: already complete", quiet)
+        return store
+    if cluster is not None:
+        from segpipe.units import encode as encode_on
+        encode_on(cluster, store, todo, cluster.work(store_path, checkpoint, device, batch_size),
+                  quiet)
+        log.info(f"encode: {T} frames embedded in {store.path}", quiet)
         return store
     if predictor is None:
         predictor = build_model(model, store.attrs["image_size"], weights, pick_device(device))

@@ -551,7 +551,7 @@ class Export:
     def run(self, quiet: bool) -> None:
         """Every chunk not yet exported, then the finish."""
         self.start()
-        todo = self.todo()
+        todo = self.store.ledger(self.stage).reread().todo(self.chunks)  # Dask workers' too
         done = sum(hi - lo for lo, hi in map(self.frames_of, self.chunks)) - sum(
             hi - lo for lo, hi in map(self.frames_of, todo))
         with log.progress(f"export {self.fmt}", self.range[1] - self.range[0], quiet,
@@ -574,10 +574,11 @@ class ExportsAsTracked:
     is exported once every pass that visits it has committed it, so results appear as the
     run goes and a crash costs at most the chunk in flight. `finish` exports what is left
     (chunks no pass visits; a chunk tracked just before a crash) and records each export
-    complete. `requests`: each export's `Export` arguments (format, out, ...)."""
+    complete. `requests`: each export's `Export` arguments (format, out, ...). With
+    `cluster` (`segpipe.cluster`), each chunk is exported by a Dask task (`segpipe.units`)."""
 
-    def __init__(self, store_path, requests: list[dict]):
-        self.store_path, self.requests = Path(store_path), requests
+    def __init__(self, store_path, requests: list[dict], cluster=None):
+        self.store_path, self.requests, self.cluster = Path(store_path), requests, cluster
         self.jobs = None
         self.worked = False  # a chunk tracked or exported while this ran
 
@@ -598,11 +599,18 @@ class ExportsAsTracked:
         jobs = self.open()
         self.committed_chunks[direction].add(k)
         if all(k in self.committed_chunks[d] for d, chunks in self.visited.items() if k in chunks):
-            for job in jobs:
+            for n, job in enumerate(jobs):
                 if k in job.chunks and k in job.todo():
-                    job.chunk(k)
+                    if self.cluster is None:
+                        job.chunk(k)
+                    else:
+                        from segpipe.units import export
+                        export(self.cluster, job, self.requests[n], k)
 
     def finish(self, quiet: bool) -> list[Path]:
+        if self.cluster is not None:  # what is left goes to the workers; the finish is here
+            from segpipe.units import export_rest
+            export_rest(self.cluster, self.open(), self.requests, quiet)
         for job in self.open():
             if not job.complete:
                 self.worked = True

@@ -410,14 +410,16 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
           checkpoint: str | None = None, quiet: bool = False, predictor=None,
           force: bool = False, postprocessing: bool | None = None,
           non_overlap: bool | None = None, score_threshold: float | None = None,
-          object_start: str | None = None, on_commit=None, batch_size: int = 1) -> RunStore:
+          object_start: str | None = None, on_commit=None, batch_size: int = 1,
+          cluster=None) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     prompts stored by the last track, resuming or repairing whatever is not done.
 
     Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
     called after each chunk a pass commits (`run` and the dataset command export it then).
     Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
-    encoded as the passes reach them, in `batch_size` frames (see `supply`)."""
+    encoded as the passes reach them, in `batch_size` frames (see `supply`). With `cluster`
+    (`segpipe.cluster`), the passes run on Dask workers (`segpipe.units`)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
@@ -461,10 +463,32 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         sweep(store)
         log.info("track: already complete", quiet)
         return store
-    if predictor is None:
-        predictor = build_model(spec["name"], spec["image_size"], weights, pick_device(device),
-                                postprocessing=options["postprocessing"],
-                                non_overlap=options["non_overlap"])
+    if cluster is not None:
+        from segpipe.units import track as track_on
+        track_on(cluster, store, pending, cluster.work(store_path, checkpoint, device, batch_size),
+                 on_commit, quiet)
+    else:
+        if predictor is None:
+            predictor = build_model(spec["name"], spec["image_size"], weights,
+                                    pick_device(device), postprocessing=options["postprocessing"],
+                                    non_overlap=options["non_overlap"])
+        run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet)
+    sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
+    if importlib.util.find_spec("sam2._C") is None:
+        log.info("note: sam2 has no _C extension here, so small-hole filling was skipped "
+                 "(as SAM 2's own predictor does)", quiet)
+    log.info(f"track: masks for {len(prompt_file.object_ids(prompts))} objects in {store.path}", quiet)
+    return store
+
+
+def run_passes(store: RunStore, predictor, prompts: list, pending: list[str], on_commit=None,
+               batch_size: int = 1, quiet: bool = False) -> None:
+    """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
+    one after the other: in this process, or one pass per Dask task."""
+    settings = stored_settings(store)
+    direction, start = settings["direction"], settings["start_frame"]
+    plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+    precision = store.attrs["model"].get("precision", "float32")
     todo = pass_todo(store, plan, pending, start)
     say_cost(store, plan, ChunkSupply.missing(store, todo), quiet)
     starts = {d: bool(todo[d]) and todo[d][0] == pass_chunks(plan, d, start)[0] for d in todo}
@@ -475,14 +499,8 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
     features = StoredFeatures(store, predictor.device, vision_pos)
     for d in pending:
         tracker = Tracker(predictor, store, plan, d, prompts, features, maskmem_pos, supply,
-                          options, on_commit)
+                          settings["options"], on_commit)
         # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
         with autocast(predictor.device.type, precision), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
             tracker.run(shown_by(direction, d, start), quiet)
-    sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
-    if importlib.util.find_spec("sam2._C") is None:
-        log.info("note: sam2 has no _C extension here, so small-hole filling was skipped "
-                 "(as SAM 2's own predictor does)", quiet)
-    log.info(f"track: masks for {len(prompt_file.object_ids(prompts))} objects in {store.path}", quiet)
-    return store

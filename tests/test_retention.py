@@ -200,3 +200,16 @@ def test_encode_on_its_own_drops_the_frames_it_decoded_again(keep_masks, tmp_pat
             "--force", "--quiet", check=True)
     assert chunk_files(store, "frames") == []
     assert len(chunk_files(store, "features/level2")) == 6
+
+
+def test_a_keep_masks_store_is_not_run_on_dask(small, keep_masks, tmp_path):
+    """Passes side by side on workers would each drop what the other still reads: refused in
+    one line, the store untouched, whether `--keep masks` is given or the store's."""
+    store = tmp_path / "run.zarr"
+    shutil.copytree(keep_masks, store)
+    before = tree_digest(store)
+    for args in (("track", "--store", store, "--workers", 1),
+                 (*run_args(small, store), "--workers", 1),
+                 (*run_args(small, tmp_path / "new.zarr"), "--keep", "masks", "--workers", 1)):
+        assert_user_error(segpipe(*args), "--keep masks", "--workers")
+    assert tree_digest(store) == before and not (tmp_path / "new.zarr").exists()

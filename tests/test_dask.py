@@ -1,0 +1,265 @@
+"""Dask distributed (`--workers`, `--scheduler`): the same stores and exports as one process,
+through worker deaths and a client death, on real clusters on loopback.
+
+The clusters are real: `LocalCluster(n_workers=2, processes=True, threads_per_worker=1)`
+(made by segpipe for `--workers 2`, or by the test, which then watches and kills its worker
+processes), and a `dask scheduler` with two `dask worker` processes started as commands.
+Torch runs on one thread everywhere (`make test` sets OMP_NUM_THREADS=1, which segpipe hands
+to its workers), so every comparison is bit for bit with the single-process run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from conftest import (ROOT, assert_same_store, assert_user_error, ledger_count, run_args,  # noqa: E402
+                      segpipe, tree_digest, wait_for)
+from test_dataset import VIDEOS, assert_same_pngs, dataset  # noqa: E402,F401 - a fixture
+
+CHUNKS = 6  # the small clip: 24 frames in chunks of 4; prompted from frame 5 (chunk 1)
+
+
+def exports(store: Path) -> dict:
+    return tree_digest(store.with_name("clip.export"))
+
+
+def assert_same_run(reference: Path, store: Path) -> None:
+    assert_same_store(reference, store)
+    assert exports(store) == exports(reference) and len(exports(reference)) > 24
+
+
+@pytest.fixture(scope="module")
+def reference(small, tmp_path_factory) -> Path:
+    """The single-process run; it never imports Dask."""
+    store = tmp_path_factory.mktemp("reference") / "clip.zarr"
+    code = ("import sys; from segpipe.cli import main; sys.argv[0] = 'segpipe'; main(); "
+            "print('dask imported' if {'dask', 'distributed'} & set(sys.modules) else 'no dask')")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, run_args(small, store)), "--quiet"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "no dask"
+    return store
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A LocalCluster the tests watch (which worker runs what) and whose workers they kill;
+    its nannies start a new worker process for each one killed."""
+    from distributed import Client, LocalCluster
+    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as local, Client(local) as client:
+        yield client
+
+
+def running(client, prefix: str) -> dict[str, int]:
+    """The process ids of the workers executing a task named `prefix` right now (asked of
+    the workers themselves, not of the scheduler's plan)."""
+    def executing(dask_worker):
+        return os.getpid(), [str(ts.key) for ts in dask_worker.state.executing]
+    return {w: pid for w, (pid, keys) in client.run(executing).items()
+            if any(k.startswith(prefix) for k in keys)}
+
+
+def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int, proc):
+    """SIGKILL a worker process while it executes a task named `prefix`, once `stage` has
+    committed between 1 and total-1 chunks. Returns (the chunks committed at the kill, the
+    time of the kill)."""
+    found = {}
+
+    def mid_task():
+        done = ledger_count(store, stage)
+        if 1 <= done < total:
+            found.update(running(client, prefix))
+        return bool(found)
+    assert wait_for(mid_task, proc, timeout=120), "the stage ended before a kill could land"
+    os.kill(next(iter(found.values())), signal.SIGKILL)
+    killed_at = time.time()
+    done = committed(store, stage)
+    assert 1 <= len(done) < total, done  # the kill landed mid-stage, its task unfinished
+    return done, killed_at
+
+
+def committed(store: Path, stage: str) -> dict[int, float]:
+    """Chunk -> commit time (its ledger entry's mtime) of the chunks `stage` has committed."""
+    folder = store / "ledger" / stage / "c"
+    return {int(p.name): p.stat().st_mtime for p in folder.iterdir()} if folder.is_dir() else {}
+
+
+def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
+        small, reference, cluster, tmp_path):
+    """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
+    again while it runs the forward pass. Dask runs the lost tasks again on a worker that
+    lives; the encode task encodes its chunk, the pass resumes from its last committed
+    chunk; the store and exports are the single-process run's."""
+    store = tmp_path / "clip.zarr"
+    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store)),
+                             "--scheduler", cluster.scheduler.address, "--quiet"], cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    encoded, encode_kill = kill_worker_running(cluster, "encode-", store, "encode", CHUNKS, proc)
+    forward = CHUNKS - 1  # chunks 1..5
+    tracked, pass_kill = kill_worker_running(cluster, "track-forward-", store, "track_forward",
+                                             forward, proc)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert_same_run(reference, store)
+    for stage, before, killed_at in (("encode", encoded, encode_kill),
+                                     ("track_forward", tracked, pass_kill)):
+        after = committed(store, stage)
+        # the chunks not committed at the kill were committed after it, by the tasks Dask
+        # ran again; those committed before were not done again
+        assert all(after[k] > killed_at for k in set(after) - set(before)), stage
+        assert all(after[k] == t for k, t in before.items()), stage
+
+
+def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_run(
+        small, reference, tmp_path):
+    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode: its
+    worker processes end with it (nothing writes behind a rerun's back); the same command
+    again continues from the ledger to the same store and exports, bit for bit.
+
+    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
+    reverse pass 4) is written by the reverse pass only after the forward pass committed
+    it: the reverse pass starts (writes its prompted memory) after that commit."""
+    import psutil
+    store = tmp_path / "clip.zarr"
+    args = [*map(str, run_args(small, store)), "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: 1 <= ledger_count(store, "encode") < CHUNKS, proc, timeout=180)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = committed(store, "encode")
+    assert 1 <= len(done) < CHUNKS
+    assert len(workers) >= 2
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, alive
+    rerun = segpipe(*args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
+    assert_same_run(reference, store)
+    assert all(committed(store, "encode")[k] == t for k, t in done.items())
+    forward_commit = committed(store, "track_forward")[1]
+    reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
+    assert reverse_start >= forward_commit
+    assert committed(store, "track_reverse")[1] >= forward_commit
+
+
+def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
+    """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
+    client reports as the single-process run would."""
+    store = tmp_path / "clip.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--chunk-size", 4, "--image-size",
+            128, "--quiet", check=True)
+    (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
+    proc = segpipe("encode", "--store", store, "--random-weights", 0,
+                   "--scheduler", cluster.scheduler.address)
+    assert_user_error(proc, "damaged", "'frames' chunk 2 is missing", "segpipe repair")
+    assert ledger_count(store, "encode") < CHUNKS
+    import dask
+    from segpipe import BadInput, encode
+    with pytest.raises(BadInput, match="not both"):
+        encode(store, random_weights=0, workers=2, scheduler=cluster.scheduler.address)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), \
+            pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"):
+        encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dask_command(*args) -> list[str]:
+    return [sys.executable, "-m", "dask", *args]
+
+
+@pytest.fixture
+def scheduler(tmp_path):
+    """`dask scheduler` on loopback; yields its address and a function that starts a
+    `dask worker` for it (a command line prefix may wrap the worker)."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen(dask_command("scheduler", "--host", "127.0.0.1", "--port",
+                                           address.rsplit(":", 1)[1], "--no-dashboard"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+
+    def worker(*wrap):
+        procs.append(subprocess.Popen([*wrap, *dask_command(
+            "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
+            "--host", "127.0.0.1", "--local-directory", str(tmp_path / "dask"))],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        yield address, worker
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp_path):
+    """`segpipe.dataset(..., scheduler=)` against `dask scheduler` and two `dask worker`
+    commands: one task per video, the PNGs of SAM 2's vos_inference (its oracle, run here
+    in memory); a video that fails for a reason of its own is reported, the others go on,
+    and a rerun finds them done."""
+    import segpipe
+    from vos_oracle import oracle_predictor, oracle_video
+    address, worker = scheduler
+    worker()
+    worker()
+    root = tmp_path / "ds"
+    shutil.copytree(dataset / "JPEGImages", root / "JPEGImages")
+    (root / "JPEGImages" / "cows" / "00010.jpg").write_bytes(b"not a jpeg")
+    (root / "list.txt").write_text("bear\ncows\n")
+    args = dict(video_list_file=root / "list.txt", random_weights=0, image_size=128,
+                chunk_size=4, device="cpu", progress=False, scheduler=address)
+    out, work = tmp_path / "out", tmp_path / "work"
+    results = segpipe.dataset(root / "JPEGImages", dataset / "Annotations", out, work, **args)
+    status = {r.video: r.status for r in results}
+    assert [r.video for r in results] == ["bear", "cows"]
+    assert status["bear"] == "done", status
+    assert status["cows"].startswith("failed: ") and "unreadable image" in status["cows"]
+    oracle_video(oracle_predictor(128, 0, postprocessing=False, per_obj=False),
+                 dataset / "JPEGImages", dataset / "Annotations", tmp_path / "theirs", "bear")
+    assert assert_same_pngs(out / "bear", tmp_path / "theirs" / "bear") == VIDEOS["bear"][0]
+    again = segpipe.dataset(root / "JPEGImages", dataset / "Annotations", out, work, **args)
+    assert [r.status for r in again][0] == "already done"
+
+
+def test_workers_that_cannot_see_the_store_are_refused(small, scheduler, tmp_path):
+    """A worker whose file system is not the client's (here: a private mount namespace with
+    an empty tmpfs over the test's folder) is refused before anything is written."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a private mount namespace needs root and unshare")
+    address, worker = scheduler
+    hidden = tmp_path / "here"
+    hidden.mkdir()
+    worker("unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f'mount -t tmpfs none "{hidden}" && exec "$0" "$@"')
+    store = hidden / "clip.zarr"
+    proc = segpipe(*run_args(small, store), "--scheduler", address)
+    assert_user_error(proc, "dask worker", "not visible here", "shared")
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "encode", "track", "dataset"])
+def test_help_has_workers_and_scheduler_with_an_example(command):
+    text = segpipe(command, "--help", check=True).stdout
+    assert "--workers N" in text and "--scheduler ADDRESS" in text
+    example = text.split("Example")[1]
+    assert f"segpipe {command}" in example
+    assert "--workers 2" in example or "--workers 4" in example or "--scheduler tcp://" in example
