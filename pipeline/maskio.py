@@ -19,7 +19,7 @@ from .store import RunStore
 
 # Masks an export holds at once, in bytes: at most this much packed (a segment of frames)
 # and this much unpacked (a batch of frames, what the writers get).
-BATCH_BYTES = 128 << 20
+BATCH_BYTES = 64 << 20
 
 
 # The most bytes of one zarr chunk of masks: unpacking or decompressing one never holds more.
@@ -134,3 +134,4 @@ def mask_batches(store: RunStore, lo: int, hi: int, slots: list[int],
         for c in range(a, b, batch):
             d = min(c + batch, b)
             yield c, unpack(packed[c - a:d - a], H, W)
+        del packed  # before the next segment is read

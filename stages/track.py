@@ -191,6 +191,8 @@ class Tracker:
                 if state is None or after != before:
                     state, memory = self.restore(before)
                 self.track_chunk(k, state, memory, owned, bar)
+                if self.on_commit is not None:  # once the chunk's buffers are freed
+                    self.on_commit(self.direction, k)
                 after = k
         self.supply.finished(self.direction)
 
@@ -323,8 +325,6 @@ class Tracker:
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
         self.supply.release(self.direction, k)
-        if self.on_commit is not None:
-            self.on_commit(self.direction, k)
 
 
 def pack_bits(masks: torch.Tensor) -> torch.Tensor:
