@@ -55,8 +55,8 @@ def make_4k_clip(folder: Path, frames: int) -> tuple[Path, Path]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=16)
-    parser.add_argument("--chunk-size", type=int, default=16)
+    parser.add_argument("--frames", type=int, default=32)
+    parser.add_argument("--chunk-size", type=int, default=32)  # segpipe's default
     parser.add_argument("--base-path", type=Path,
                         help="PYTHONPATH entry importing the segpipe to measure beside this one")
     args = parser.parse_args()
