@@ -129,6 +129,10 @@ class RunStore:
         self.path = path
         self.group = group
         self._ledgers: dict[str, Ledger] = {}  # one per stage, its done-vector cached
+        # On a Dask worker: the token of the client's lock this store is written under
+        # (`lock.check_lease`); every ledger write checks it first (`Ledger`), so a task whose
+        # client died or was replaced commits nothing. None: this process holds the lock.
+        self.lease: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -517,7 +521,18 @@ class Ledger:
         with self._lock:
             self._mark_done(chunk)
 
+    def _leased(self) -> None:
+        """Refuse a ledger write of a Dask task whose client no longer holds the store's lock
+        with its token. Checked right before the write, not once per task: a new run that
+        took the lock may have reset this ledger since the task started; a done-record
+        written now would mark its chunk done without its data (and could send the reverse
+        pass, which waits on the forward ledger, early)."""
+        if self.store.lease is not None:
+            from .lock import check_lease
+            check_lease(self.store.path, self.store.lease)
+
     def _mark_done(self, chunk: int) -> None:
+        self._leased()
         try:
             arr = self._array(create=True)
             if chunk >= arr.shape[0]:
@@ -533,6 +548,7 @@ class Ledger:
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
         with self._lock:
+            self._leased()
             try:
                 arr = self._array()
                 if arr is not None and chunk < arr.shape[0]:
@@ -545,6 +561,7 @@ class Ledger:
 
     def reset(self) -> None:
         with self._lock:
+            self._leased()
             try:
                 self.store.delete(self.name)
             finally:

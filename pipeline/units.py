@@ -7,14 +7,18 @@ stage, on the client, before anything is sent) and the ledgers' size (`Ledger.re
 growing a ledger rewrites its metadata, which two workers must not do at once). A task
 takes paths and a few settings, never arrays; it writes whole zarr chunks and commits each
 chunk itself after its data, exactly as the single-process code (which it runs) does, so
-a task cut short by a dead worker is simply run again and resumes from the ledger. A
-worker builds each model once and keeps it (`MODELS`).
+a task cut short by a dead worker is simply run again and resumes from the ledger. Each
+commit first checks the task's lease on the store (`RunStore.lease`): a task outliving its
+client commits nothing for the run that took over. A worker builds each model once and
+keeps it (`MODELS`).
 
 The one zarr chunk two tasks write is the chunk of the earliest prompted frame under
 direction `both`: the forward pass writes its frames from that frame on, the reverse pass
 the ones before it, into the same zarr chunks (a read, a change and a write each). So the
 reverse pass is sent only once the forward pass has committed that chunk: the two never
-write it at once, whatever the timing.
+write it at once, whatever the timing. (A stale forward task cannot release it: the
+forward ledger's records are written under the lease, and a run that took over reset
+them.)
 """
 from __future__ import annotations
 
@@ -179,14 +183,17 @@ def look_around(paths: list[str], lease, device: str) -> tuple[str | None, str |
 
 def _store(path: str, work: Work):
     """Every store task starts here: the client still holds the store's lock, torch has the
-    client's thread count, and the store is open."""
+    client's thread count, and the store is open under the client's lease (each ledger
+    write checks it again: `RunStore.lease`)."""
     from .lock import check_lease
     from .store import RunStore
     check_lease(path, work.token)
     if work.threads:
         import torch
         torch.set_num_threads(work.threads)
-    return RunStore.open(path)
+    store = RunStore.open(path)
+    store.lease = work.token
+    return store
 
 
 def _predictor(store, work: Work, options: dict | None = None):
@@ -202,29 +209,40 @@ def _predictor(store, work: Work, options: dict | None = None):
 
 
 def encode_task(path: str, k: int, work: Work) -> int:
+    return encode_on(_store(path, work), k, work)
+
+
+def encode_on(store, k: int, work: Work) -> int:
+    """`encode_task`'s work on its store (opened under the lease: `_store`)."""
     from .stages.encode import STAGE, FramesOnDisk, encode_chunk
-    store = _store(path, work)
     if store.ledger(STAGE).todo([k]):  # a task run again after its commit has nothing to do
         encode_chunk(store, _predictor(store, work), k, FramesOnDisk(store), work.batch_size)
     return k
 
 
 def pass_task(path: str, direction: str, work: Work) -> str:
-    from .lock import check_lease
+    return pass_on(_store(path, work), direction, work)
+
+
+def pass_on(store, direction: str, work: Work) -> str:
+    """`pass_task`'s work on its store (opened under the lease: `_store`)."""
     from .stages.track import run_passes, stored_prompts
     from .track_settings import stored_settings
-    store = _store(path, work)
     predictor = _predictor(store, work, stored_settings(store)["options"])
     run_passes(store, predictor, stored_prompts(store), [direction],
-               on_commit=lambda d, k: check_lease(path, work.token),
                batch_size=work.batch_size, quiet=True)
     return direction
 
 
 def export_task(path: str, request: dict, k: int, work: Work):
+    return export_on(_store(path, work), request, k)
+
+
+def export_on(store, request: dict, k: int):
+    """`export_task`'s work on its store: the export as the client recorded it (`recorded`:
+    a task never resets its ledger or rewrites the record; a difference is an error)."""
     from .stages.export import Export
-    store = _store(path, work)
-    job = Export(store, tracking=True, **request)
+    job = Export(store, tracking=True, recorded=True, **request)
     if k in job.todo():
         job.chunk(k)
     return job.stage, k

@@ -9,6 +9,7 @@ to its workers), so every comparison is bit for bit with the single-process run.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -157,6 +158,52 @@ def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_r
     reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
     assert reverse_start >= forward_commit
     assert committed(store, "track_reverse")[1] >= forward_commit
+
+
+def test_a_task_whose_run_was_taken_over_commits_nothing(reference, tmp_path):
+    """Another run took the store's lock (released, then taken again: a new token) while
+    tasks of the first were on the workers. Those tasks commit nothing: refused at their
+    start, and, for those past their start (the store opened under the old lease, as a task
+    opens it), at the ledger write of the chunk they were doing. Tasks of the new run then
+    finish the store as the single-process run made it. An export task whose export is not
+    the recorded one (here another folder) is refused and leaves the record and ledger as
+    they were. In process, on a real store: the lock is held by this test."""
+    from segpipe import units
+    from segpipe.errors import StoreLocked, StoreMismatch
+    from segpipe.lock import store_lock, token
+    from segpipe.store import RunStore
+    store = tmp_path / "clip.zarr"
+    shutil.copytree(reference, store)
+    shutil.copytree(reference.with_name("clip.export"), store.with_name("clip.export"))
+    copy = RunStore.open(store)
+    # the copy's exports are its own (their record names the folder they were written to)
+    copy.set_attrs(exports=json.loads(json.dumps(copy.attrs["exports"]).replace(
+        str(reference.parent), str(tmp_path))))
+    todo = {"encode": 2, "track_forward": 5, "export_davis": 3}
+    for stage, k in todo.items():
+        copy.ledger(stage).undo(k)
+    path, davis = str(store), {"fmt": "davis", "out": str(store.with_name("clip.export") / "davis")}
+    with store_lock(store):
+        old = units.Work(token(store), None, "cpu", 1, 1)
+        begun = [units._store(path, old) for _ in range(3)]
+    with store_lock(store):
+        new = units.Work(token(store), None, "cpu", 1, 1)
+        for stale in (lambda: units.encode_task(path, 2, old),
+                      lambda: units.encode_on(begun[0], 2, old),
+                      lambda: units.pass_on(begun[1], "forward", old),
+                      lambda: units.export_on(begun[2], davis, 3)):
+            with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
+                stale()
+        record = RunStore.open(store).attrs["exports"]
+        with pytest.raises(StoreMismatch, match="export davis is not the recorded one .its out."):
+            units.export_task(path, {**davis, "out": str(tmp_path / "elsewhere")}, 3, new)
+        after = RunStore.open(store)
+        assert after.attrs["exports"] == record
+        assert [after.ledger(stage).is_done(k) for stage, k in todo.items()] == [False] * 3
+        units.encode_task(path, 2, new)
+        units.pass_task(path, "forward", new)
+        units.export_task(path, davis, 3, new)
+    assert_same_run(reference, store)
 
 
 def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
