@@ -70,6 +70,14 @@ def _threads(workers: int | None) -> int | None:
     return max(1, (os.cpu_count() or 1) // workers) if workers else None
 
 
+def absolute(checkpoint: str | None) -> str | None:
+    """A checkpoint path as the workers must get it: absolute (theirs is not the client's
+    working directory); an hf: name as it is."""
+    if checkpoint is None or str(checkpoint).startswith("hf:"):
+        return checkpoint
+    return str(Path(checkpoint).resolve())
+
+
 @contextmanager
 def _client(workers: int | None, scheduler: str | None):
     from distributed import Client, LocalCluster
@@ -134,9 +142,7 @@ class Cluster:
         """The settings every task on `store` carries (`units.Work`)."""
         from .lock import token
         from .units import Work
-        if checkpoint is not None and not str(checkpoint).startswith("hf:"):
-            checkpoint = str(Path(checkpoint).resolve())
-        return Work(token(store), checkpoint, device, batch_size, self.threads)
+        return Work(token(store), absolute(checkpoint), device, batch_size, self.threads)
 
     def submit(self, fn, *args, key: str):
         import uuid

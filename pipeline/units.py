@@ -141,10 +141,16 @@ def _send_export(cluster, job, request: dict, k: int):
 
 def videos(cluster, layout, names: list[str], options, out, work_dir, total: int,
            quiet: bool) -> list:
-    """The dataset's videos side by side, one task each; results in the videos' order."""
+    """The dataset's videos side by side, one task each; results in the videos' order. Every
+    path goes out absolute: a worker's working directory is not the client's."""
+    from dataclasses import replace
+    from .cluster import absolute
     from .vos_dataset import frame_count
     out.mkdir(parents=True, exist_ok=True)
     cluster.check(options.device, paths=[out, work_dir])  # where the workers write
+    layout = replace(layout, base_video_dir=layout.base_video_dir.resolve(),
+                     input_mask_dir=layout.input_mask_dir.resolve())
+    options = replace(options, checkpoint=absolute(options.checkpoint))
     with log.progress("dataset", total, quiet) as bar:
         futures = [cluster.submit(video_task, layout, v, options, out.resolve(),
                                   work_dir.resolve(), cluster.threads, key=f"video-{v}")

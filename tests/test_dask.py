@@ -206,6 +206,32 @@ def test_a_task_whose_run_was_taken_over_commits_nothing(reference, tmp_path):
     assert_same_run(reference, store)
 
 
+def test_dataset_on_two_workers_is_the_single_process_run(dataset, checkpoint, cluster,
+                                                           tmp_path, monkeypatch):
+    """`segpipe.dataset` on the LocalCluster (a task per video) and in one process: the same
+    PNGs byte for byte and the same stores. The dataset, the video list and the checkpoint
+    are given relative to the client's working directory, which is not the workers'."""
+    import segpipe
+    (tmp_path / "ckpt.pt").symlink_to(checkpoint)
+    (tmp_path / "list.txt").write_text("bear\ncows\n")
+    (tmp_path / "vos").symlink_to(dataset)
+    monkeypatch.chdir(tmp_path)
+    args = dict(video_list_file="list.txt", checkpoint="ckpt.pt", image_size=128, chunk_size=4,
+                device="cpu", progress=False)
+    runs = {}
+    for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
+        work = tmp_path / name
+        out = work / "out"  # in the stores' folder: their records of it compare as the same
+        results = segpipe.dataset("vos/JPEGImages", "vos/Annotations", out, work, **args, **where)
+        assert [(r.video, r.status) for r in results] == [("bear", "done"), ("cows", "done")]
+        runs[name] = out, work
+    (here, here_work), (there, there_work) = runs["here"], runs["dask"]
+    assert tree_digest(here) == tree_digest(there)
+    assert len(tree_digest(here)) == VIDEOS["bear"][0] + VIDEOS["cows"][0]
+    for video in ("bear", "cows"):
+        assert_same_store(here_work / f"{video}.zarr", there_work / f"{video}.zarr")
+
+
 def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
     client reports as the single-process run would."""
