@@ -36,7 +36,7 @@ class Work:
     checkpoint: str | None  # an absolute path, or an hf: name
     device: str
     batch_size: int
-    threads: int | None  # torch threads (None: the worker's own)
+    threads: int  # torch threads (`cluster.worker_threads`)
 
 
 def refuse_keep_masks(store) -> None:
@@ -169,11 +169,17 @@ def videos(cluster, layout, names: list[str], options, out, work_dir, total: int
 MODELS = None  # this worker's predictors (`model.Models`), made with the first task
 
 
-def look_around(paths: list[str], lease, device: str) -> tuple[str | None, str | None]:
-    """On each worker before any work: (the first problem, the device type it would use)."""
+def look_around(paths: list[str], lease, device: str,
+                dask_worker=None) -> tuple[str | None, str | None]:
+    """On each worker before any work: (the first problem, the device type it would use).
+    A worker must run one task at a time: two would share its models and torch's
+    process-wide thread count (`Work.threads`), and race on both."""
     from pathlib import Path
     from .errors import SegpipeError
     from .lock import check_lease
+    if dask_worker is not None and dask_worker.state.nthreads != 1:
+        return (f"runs {dask_worker.state.nthreads} tasks at a time; segpipe needs one "
+                f"(dask worker --nthreads 1)"), None
     try:
         if lease is not None:
             check_lease(*lease)
@@ -194,9 +200,8 @@ def _store(path: str, work: Work):
     from .lock import check_lease
     from .store import RunStore
     check_lease(path, work.token)
-    if work.threads:
-        import torch
-        torch.set_num_threads(work.threads)
+    import torch
+    torch.set_num_threads(work.threads)
     store = RunStore.open(path)
     store.lease = work.token
     return store
@@ -254,15 +259,14 @@ def export_on(store, request: dict, k: int):
     return job.stage, k
 
 
-def video_task(layout, video: str, options, out, work_dir, threads: int | None):
+def video_task(layout, video: str, options, out, work_dir, threads: int):
     """One video of a dataset, as the single-process loop runs it (`run_video`): the
     video's store lock is taken here, on the worker, for the video's stages."""
     global MODELS
     from .model import Models
     from .vos_dataset import VideoRunner, run_video
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
+    import torch
+    torch.set_num_threads(threads)
     if MODELS is None:
         MODELS = Models()
     return run_video(VideoRunner(options, out, work_dir, quiet=True, models=MODELS), layout, video)

@@ -252,6 +252,31 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
         encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
 
 
+def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch):
+    """The torch thread count sent to the workers is the client's OMP_NUM_THREADS, else the
+    client's own torch count (never the workers' default); a worker running two tasks at a
+    time is refused in one line (two would share its models and torch's thread count)."""
+    import torch
+    from distributed import LocalCluster
+    from segpipe import BadInput
+    from segpipe.cluster import connect, worker_threads
+    mine = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        torch.set_num_threads(2)
+        assert worker_threads() == 2
+    finally:
+        torch.set_num_threads(mine)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as two, \
+            pytest.raises(BadInput, match="runs 2 tasks at a time; segpipe needs one .dask worker "
+                                          "--nthreads 1.$"):
+        with connect(scheduler=two.scheduler_address, device="cpu", quiet=True):
+            pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
