@@ -130,8 +130,7 @@ class RunStore:
         self.group = group
         self._ledgers: dict[str, Ledger] = {}  # one per stage, its done-vector cached
         # On a Dask worker: the token of the client's lock this store is written under
-        # (`lock.check_lease`); every ledger write checks it first (`Ledger`), so a task whose
-        # client died or was replaced commits nothing. None: this process holds the lock.
+        # (`check_lease`). None: this process holds the lock.
         self.lease: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
@@ -172,6 +171,17 @@ class RunStore:
     @staticmethod
     def exists(path) -> bool:
         return (Path(path) / "zarr.json").is_file()
+
+    def check_lease(self) -> None:
+        """On a Dask worker, refuse to write for a client that no longer holds the store's
+        lock with the task's token (`lock.check_lease`). Every ledger write checks (`Ledger`),
+        and each chunk's data before it is written: a run that took the lock since the task
+        started may have reset the stage, and may have written this chunk already; a
+        done-record written now would mark a chunk done without its data (and could send
+        the reverse pass, which waits on the forward ledger, early)."""
+        if self.lease is not None:
+            from .lock import check_lease
+            check_lease(self.path, self.lease)
 
     # -- attributes ------------------------------------------------------------------------
     @property
@@ -521,18 +531,8 @@ class Ledger:
         with self._lock:
             self._mark_done(chunk)
 
-    def _leased(self) -> None:
-        """Refuse a ledger write of a Dask task whose client no longer holds the store's lock
-        with its token. Checked right before the write, not once per task: a new run that
-        took the lock may have reset this ledger since the task started; a done-record
-        written now would mark its chunk done without its data (and could send the reverse
-        pass, which waits on the forward ledger, early)."""
-        if self.store.lease is not None:
-            from .lock import check_lease
-            check_lease(self.store.path, self.store.lease)
-
     def _mark_done(self, chunk: int) -> None:
-        self._leased()
+        self.store.check_lease()
         try:
             arr = self._array(create=True)
             if chunk >= arr.shape[0]:
@@ -548,7 +548,7 @@ class Ledger:
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
         with self._lock:
-            self._leased()
+            self.store.check_lease()
             try:
                 arr = self._array()
                 if arr is not None and chunk < arr.shape[0]:
@@ -561,7 +561,7 @@ class Ledger:
 
     def reset(self) -> None:
         with self._lock:
-            self._leased()
+            self.store.check_lease()
             try:
                 self.store.delete(self.name)
             finally:

@@ -8,9 +8,9 @@ growing a ledger rewrites its metadata, which two workers must not do at once). 
 takes paths and a few settings, never arrays; it writes whole zarr chunks and commits each
 chunk itself after its data, exactly as the single-process code (which it runs) does, so
 a task cut short by a dead worker is simply run again and resumes from the ledger. Each
-commit first checks the task's lease on the store (`RunStore.lease`): a task outliving its
-client commits nothing for the run that took over. A worker builds each model once and
-keeps it (`MODELS`).
+chunk's data and each commit first check the task's lease on the store
+(`RunStore.check_lease`): a task outliving its client writes nothing for the run that took
+over. A worker builds each model once and keeps it (`MODELS`).
 
 The one zarr chunk two tasks write is the chunk of the earliest prompted frame under
 direction `both`: the forward pass writes its frames from that frame on, the reverse pass
@@ -195,8 +195,8 @@ def look_around(paths: list[str], lease, device: str,
 
 def _store(path: str, work: Work):
     """Every store task starts here: the client still holds the store's lock, torch has the
-    client's thread count, and the store is open under the client's lease (each ledger
-    write checks it again: `RunStore.lease`)."""
+    client's thread count, and the store is open under the client's lease (checked again
+    before each write: `RunStore.check_lease`)."""
     from .lock import check_lease
     from .store import RunStore
     check_lease(path, work.token)

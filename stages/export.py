@@ -554,6 +554,7 @@ class Export:
     def chunk(self, k: int) -> None:
         """Export chunk k (its masks must be final) and commit it. The writer gets the masks
         in batches of frames bounded in bytes (`mask_batches`), never the whole chunk."""
+        self.store.check_lease()  # a Dask task of a run taken over writes nothing
         self.start()
         lo, hi = self.frames_of(k)
         batches = mask_batches(self.store, lo, hi, self.slots)

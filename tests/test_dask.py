@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from conftest import (ROOT, assert_same_store, assert_user_error, ledger_count, run_args,  # noqa: E402
-                      segpipe, tree_digest, wait_for)
+                      segpipe, tree_digest, tree_mtimes, wait_for)
 from test_dataset import VIDEOS, assert_same_pngs, dataset  # noqa: E402,F401 - a fixture
 
 CHUNKS = 6  # the small clip: 24 frames in chunks of 4; prompted from frame 5 (chunk 1)
@@ -160,11 +160,11 @@ def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_r
     assert committed(store, "track_reverse")[1] >= forward_commit
 
 
-def test_a_task_whose_run_was_taken_over_commits_nothing(reference, tmp_path):
+def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
     """Another run took the store's lock (released, then taken again: a new token) while
-    tasks of the first were on the workers. Those tasks commit nothing: refused at their
+    tasks of the first were on the workers. Those tasks write nothing: refused at their
     start, and, for those past their start (the store opened under the old lease, as a task
-    opens it), at the ledger write of the chunk they were doing. Tasks of the new run then
+    opens it), before the data of the chunk they were doing (and its done-record). Tasks of the new run then
     finish the store as the single-process run made it. An export task whose export is not
     the recorded one (here another folder) is refused and leaves the record and ledger as
     they were. In process, on a real store: the lock is held by this test."""
@@ -188,12 +188,15 @@ def test_a_task_whose_run_was_taken_over_commits_nothing(reference, tmp_path):
         begun = [units._store(path, old) for _ in range(3)]
     with store_lock(store):
         new = units.Work(token(store), None, "cpu", 1, 1)
+        written = tree_mtimes(tmp_path)
         for stale in (lambda: units.encode_task(path, 2, old),
                       lambda: units.encode_on(begun[0], 2, old),
                       lambda: units.pass_on(begun[1], "forward", old),
-                      lambda: units.export_on(begun[2], davis, 3)):
+                      lambda: units.export_on(begun[2], davis, 3),
+                      lambda: begun[1].commit("track_forward", 5)):  # data written, say
             with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
                 stale()
+        assert tree_mtimes(tmp_path) == written  # not a chunk's data, not a done-record
         record = RunStore.open(store).attrs["exports"]
         with pytest.raises(StoreMismatch, match="export davis is not the recorded one .its out."):
             units.export_task(path, {**davis, "out": str(tmp_path / "elsewhere")}, 3, new)
