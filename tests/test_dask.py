@@ -123,37 +123,48 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
         assert all(after[k] == t for k, t in before.items()), stage
 
 
-def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_run(
-        small, reference, tmp_path):
-    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode: its
-    worker processes end with it (nothing writes behind a rerun's back); the same command
-    again continues from the ledger to the same store and exports, bit for bit.
-
-    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
-    reverse pass 4) is written by the reverse pass only after the forward pass committed
-    it: the reverse pass starts (writes its prompted memory) after that commit."""
+def kill_client(args: list[str], when) -> None:
+    """Start `segpipe <args>` and kill -9 it once `when()` holds; its worker processes end
+    with it (nothing writes behind a rerun's back)."""
     import psutil
-    store = tmp_path / "clip.zarr"
-    args = [*map(str, run_args(small, store)), "--workers", "2"]
     proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT,
                             stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: 1 <= ledger_count(store, "encode") < CHUNKS, proc, timeout=180)
+        assert wait_for(when, proc, timeout=180), "the run ended before the kill could land"
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
-    done = committed(store, "encode")
-    assert 1 <= len(done) < CHUNKS
     assert len(workers) >= 2
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, alive
+
+
+def test_run_on_two_workers_client_killed_mid_encode_and_mid_pass_then_rerun_is_the_same(
+        small, reference, tmp_path):
+    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode, then
+    of the rerun mid-tracking: the same command again continues from the ledgers to the
+    same store and exports, bit for bit, without redoing a committed chunk.
+
+    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
+    reverse pass 4) is written by the reverse pass only after the forward pass committed
+    it: the reverse pass starts (writes its prompted memory) after that commit."""
+    store = tmp_path / "clip.zarr"
+    args = [*map(str, run_args(small, store)), "--workers", "2"]
+    kill_client(args, lambda: 1 <= ledger_count(store, "encode") < CHUNKS)
+    encoded = committed(store, "encode")
+    assert 1 <= len(encoded) < CHUNKS
+    forward = CHUNKS - 1  # chunks 1..5
+    kill_client(args, lambda: 1 <= ledger_count(store, "track_forward") < forward)
+    tracked = committed(store, "track_forward")
+    assert 1 <= len(tracked) < forward
     rerun = segpipe(*args)
     assert rerun.returncode == 0, rerun.stderr
     assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
     assert_same_run(reference, store)
-    assert all(committed(store, "encode")[k] == t for k, t in done.items())
+    for stage, before in (("encode", encoded), ("track_forward", tracked)):
+        assert all(committed(store, stage)[k] == t for k, t in before.items()), stage
     forward_commit = committed(store, "track_forward")[1]
     reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
     assert reverse_start >= forward_commit
