@@ -123,8 +123,9 @@ class Cluster:
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
 
     def check(self, device: str, store=None, paths=()) -> None:
-        """Every worker sees `store` (and holds no stale view of its lock) and `paths`, and
-        picks one device type for `device`; else refuse, naming the first problem."""
+        """Every worker runs one task at a time, sees `store` (and holds no stale view of its
+        lock) and `paths`, and picks one device type for `device`; else refuse, naming the
+        first problem."""
         from .lock import token
         from .units import look_around
         lease = (str(Path(store).resolve()), token(store)) if store is not None else None
