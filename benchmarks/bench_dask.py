@@ -7,12 +7,13 @@ chunk done (the round trip alone). Random weights, this CPU.
 
 Commands are timed whole (start-up and the cluster's included); the encode rows also give
 the steady rate, between the first and the last chunk committed (ledger entry times). Each
-worker gets the client's torch thread count (OMP_NUM_THREADS where set, else cores // N);
-one process uses torch's default unless OMP_NUM_THREADS is set.
+worker gets the client's torch thread count (OMP_NUM_THREADS where set, else the client's
+`torch.get_num_threads()`: `cluster.worker_threads`), so set OMP_NUM_THREADS to cores // N
+to keep N workers from oversubscribing the cores; one process uses torch's default unless
+OMP_NUM_THREADS is set.
 """
 import argparse
 import logging
-import os
 import shutil
 import statistics
 import sys
@@ -73,7 +74,7 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
     warm worker, one task at a time; then a task whose chunk is done (its round trip: the
     lease check, the store opened, the ledger read)."""
     from distributed import Client, LocalCluster
-    from segpipe.cluster import Cluster
+    from segpipe.cluster import Cluster, worker_threads
     from segpipe.lock import store_lock
     from segpipe.model import Weights, build_model
     from segpipe.stages.encode import FramesOnDisk, encode_chunk
@@ -94,12 +95,11 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
         began = time.perf_counter()
         encode_chunk(run, predictor, k, frames_of)
         here.append(time.perf_counter() - began)
-    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
     with store_lock(store), LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                          dashboard_address=":0",
                                          silence_logs=logging.ERROR) as local, \
             Client(local) as client:
-        cluster = Cluster(client, threads)
+        cluster = Cluster(client, worker_threads())
         work = cluster.work(store, None, "cpu")
 
         def task(k):
@@ -115,7 +115,7 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
         noop = [task(k) for k in range(chunks)]
     ms = [1000 * statistics.median(v) for v in (here, dask, noop)]
     return [[f"a chunk of {chunk} frames encoded in process", ms[0]],
-            [f"the same chunk encoded by a Dask task", ms[1]],
+            ["the same chunk encoded by a Dask task", ms[1]],
             ["a Dask task whose chunk is done (round trip)", ms[2]],
             ["Dask's cost per chunk (task - in process)", ms[1] - ms[0]]]
 

@@ -81,7 +81,9 @@ def dask_options(f):
                           "they must see the store and inputs at the same paths (a shared "
                           "file system).")(f)
     f = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Run on a local Dask cluster of N worker processes, one thread each "
+                     help="Run on a local Dask cluster of N worker processes, one task at a "
+                          "time each, at this process's torch thread count (OMP_NUM_THREADS "
+                          "where set: cores/N keeps them off each other's cores) "
                           "(pip install 'segpipe[dask]').  [default: one process, no Dask]")(f)
     return f
 

@@ -52,22 +52,33 @@ def connect(workers: int | None = None, scheduler: str | None = None, device: st
             from .lock import store_lock
             stack.enter_context(store_lock(store))
         client = stack.enter_context(_client(workers, scheduler))
-        cluster = Cluster(client, _threads(workers))
+        cluster = Cluster(client, worker_threads())
         cluster.check(device, store, paths)
         log.info(f"dask: {cluster.size} workers ({cluster.device}); "
                  f"dashboard {_dashboard(client, workers)}", quiet)
         yield cluster
 
 
-def _threads(workers: int | None) -> int | None:
-    """Torch threads per worker: the client's own setting where it has one (torch reads
-    OMP_NUM_THREADS), so results are those of a single-process run at that setting; else
-    a local cluster shares the cores out; else each worker keeps its own (Dask gives
-    workers one thread unless told)."""
+def worker_threads() -> int:
+    """Torch threads per worker, always sent: the client's OMP_NUM_THREADS where it is set,
+    else the client's `torch.get_num_threads()`, the count a single-process run here would
+    use. Results are bit for bit that run's only at its thread count (CPU results change
+    in the last bits with it), and a worker left to its own would pick one from its
+    machine and from Dask (which sets OMP_NUM_THREADS=1 in the workers it starts). On a
+    local cluster, OMP_NUM_THREADS=cores//N keeps N workers from oversubscribing."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
-    return max(1, (os.cpu_count() or 1) // workers) if workers else None
+    import torch
+    return torch.get_num_threads()
+
+
+def absolute(checkpoint: str | None) -> str | None:
+    """A checkpoint path as the workers must get it: absolute (theirs is not the client's
+    working directory); an hf: name as it is."""
+    if checkpoint is None or str(checkpoint).startswith("hf:"):
+        return checkpoint
+    return str(Path(checkpoint).resolve())
 
 
 @contextmanager
@@ -105,15 +116,16 @@ def _dashboard(client, workers: int | None) -> str:
 class Cluster:
     """The client, and the futures it waits for."""
 
-    def __init__(self, client, threads: int | None):
+    def __init__(self, client, threads: int):
         self.client, self.threads = client, threads
         self.device = None  # the workers' device type (checked alike on every worker)
         self.size = 0
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
 
     def check(self, device: str, store=None, paths=()) -> None:
-        """Every worker sees `store` (and holds no stale view of its lock) and `paths`, and
-        picks one device type for `device`; else refuse, naming the first problem."""
+        """Every worker runs one task at a time, sees `store` (and holds no stale view of its
+        lock) and `paths`, and picks one device type for `device`; else refuse, naming the
+        first problem."""
         from .lock import token
         from .units import look_around
         lease = (str(Path(store).resolve()), token(store)) if store is not None else None
@@ -134,9 +146,7 @@ class Cluster:
         """The settings every task on `store` carries (`units.Work`)."""
         from .lock import token
         from .units import Work
-        if checkpoint is not None and not str(checkpoint).startswith("hf:"):
-            checkpoint = str(Path(checkpoint).resolve())
-        return Work(token(store), checkpoint, device, batch_size, self.threads)
+        return Work(token(store), absolute(checkpoint), device, batch_size, self.threads)
 
     def submit(self, fn, *args, key: str):
         import uuid

@@ -13,10 +13,11 @@ like another process.
 
 Work dispatched to Dask workers (`segpipe.cluster`) writes under the lock its client holds:
 the lock file also records a random token, the task carries it, and the worker checks
-(`check_lease`) that the lock is still held and still names that token before it starts and
-after each chunk it commits. A worker that sees no such lock file does not share the
-client's file system; a task of a client that has died or been replaced writes nothing
-more (beyond the chunk in flight).
+(`check_lease`) that the lock is still held and still names that token when the task starts,
+before each chunk's data and before each ledger write (`RunStore.check_lease`). A worker
+that sees no such lock file does not share the client's file system; a task of a client
+that has died or been replaced writes nothing more, beyond a write already under way when
+the lock changed hands (a check and the write after it are not one step).
 """
 from __future__ import annotations
 

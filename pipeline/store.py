@@ -129,6 +129,9 @@ class RunStore:
         self.path = path
         self.group = group
         self._ledgers: dict[str, Ledger] = {}  # one per stage, its done-vector cached
+        # On a Dask worker: the token of the client's lock this store is written under
+        # (`check_lease`). None: this process holds the lock.
+        self.lease: str | None = None
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -168,6 +171,17 @@ class RunStore:
     @staticmethod
     def exists(path) -> bool:
         return (Path(path) / "zarr.json").is_file()
+
+    def check_lease(self) -> None:
+        """On a Dask worker, refuse to write for a client that no longer holds the store's
+        lock with the task's token (`lock.check_lease`). Every ledger write checks (`Ledger`),
+        and each chunk's data before it is written: a run that took the lock since the task
+        started may have reset the stage, and may have written this chunk already; a
+        done-record written now would mark a chunk done without its data (and could send
+        the reverse pass, which waits on the forward ledger, early)."""
+        if self.lease is not None:
+            from .lock import check_lease
+            check_lease(self.path, self.lease)
 
     # -- attributes ------------------------------------------------------------------------
     @property
@@ -518,6 +532,7 @@ class Ledger:
             self._mark_done(chunk)
 
     def _mark_done(self, chunk: int) -> None:
+        self.store.check_lease()
         try:
             arr = self._array(create=True)
             if chunk >= arr.shape[0]:
@@ -533,6 +548,7 @@ class Ledger:
     def undo(self, chunk: int) -> None:
         """Mark one chunk not done (repair), durably."""
         with self._lock:
+            self.store.check_lease()
             try:
                 arr = self._array()
                 if arr is not None and chunk < arr.shape[0]:
@@ -545,6 +561,7 @@ class Ledger:
 
     def reset(self) -> None:
         with self._lock:
+            self.store.check_lease()
             try:
                 self.store.delete(self.name)
             finally:

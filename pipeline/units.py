@@ -7,14 +7,18 @@ stage, on the client, before anything is sent) and the ledgers' size (`Ledger.re
 growing a ledger rewrites its metadata, which two workers must not do at once). A task
 takes paths and a few settings, never arrays; it writes whole zarr chunks and commits each
 chunk itself after its data, exactly as the single-process code (which it runs) does, so
-a task cut short by a dead worker is simply run again and resumes from the ledger. A
-worker builds each model once and keeps it (`MODELS`).
+a task cut short by a dead worker is simply run again and resumes from the ledger. Each
+chunk's data and each commit first check the task's lease on the store
+(`RunStore.check_lease`): a task outliving its client writes nothing for the run that took
+over. A worker builds each model once and keeps it (`MODELS`).
 
 The one zarr chunk two tasks write is the chunk of the earliest prompted frame under
 direction `both`: the forward pass writes its frames from that frame on, the reverse pass
 the ones before it, into the same zarr chunks (a read, a change and a write each). So the
 reverse pass is sent only once the forward pass has committed that chunk: the two never
-write it at once, whatever the timing.
+write it at once, whatever the timing. (A stale forward task cannot release it: the
+forward ledger's records are written under the lease, and a run that took over reset
+them.)
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ class Work:
     checkpoint: str | None  # an absolute path, or an hf: name
     device: str
     batch_size: int
-    threads: int | None  # torch threads (None: the worker's own)
+    threads: int  # torch threads (`cluster.worker_threads`)
 
 
 def refuse_keep_masks(store) -> None:
@@ -137,10 +141,16 @@ def _send_export(cluster, job, request: dict, k: int):
 
 def videos(cluster, layout, names: list[str], options, out, work_dir, total: int,
            quiet: bool) -> list:
-    """The dataset's videos side by side, one task each; results in the videos' order."""
+    """The dataset's videos side by side, one task each; results in the videos' order. Every
+    path goes out absolute: a worker's working directory is not the client's."""
+    from dataclasses import replace
+    from .cluster import absolute
     from .vos_dataset import frame_count
     out.mkdir(parents=True, exist_ok=True)
     cluster.check(options.device, paths=[out, work_dir])  # where the workers write
+    layout = replace(layout, base_video_dir=layout.base_video_dir.resolve(),
+                     input_mask_dir=layout.input_mask_dir.resolve())
+    options = replace(options, checkpoint=absolute(options.checkpoint))
     with log.progress("dataset", total, quiet) as bar:
         futures = [cluster.submit(video_task, layout, v, options, out.resolve(),
                                   work_dir.resolve(), cluster.threads, key=f"video-{v}")
@@ -159,11 +169,17 @@ def videos(cluster, layout, names: list[str], options, out, work_dir, total: int
 MODELS = None  # this worker's predictors (`model.Models`), made with the first task
 
 
-def look_around(paths: list[str], lease, device: str) -> tuple[str | None, str | None]:
-    """On each worker before any work: (the first problem, the device type it would use)."""
+def look_around(paths: list[str], lease, device: str,
+                dask_worker=None) -> tuple[str | None, str | None]:
+    """On each worker before any work: (the first problem, the device type it would use).
+    A worker must run one task at a time: two would share its models and torch's
+    process-wide thread count (`Work.threads`), and race on both."""
     from pathlib import Path
     from .errors import SegpipeError
     from .lock import check_lease
+    if dask_worker is not None and dask_worker.state.nthreads != 1:
+        return (f"runs {dask_worker.state.nthreads} tasks at a time; segpipe needs one "
+                f"(dask worker --nthreads 1)"), None
     try:
         if lease is not None:
             check_lease(*lease)
@@ -179,14 +195,16 @@ def look_around(paths: list[str], lease, device: str) -> tuple[str | None, str |
 
 def _store(path: str, work: Work):
     """Every store task starts here: the client still holds the store's lock, torch has the
-    client's thread count, and the store is open."""
+    client's thread count, and the store is open under the client's lease (checked again
+    before each write: `RunStore.check_lease`)."""
     from .lock import check_lease
     from .store import RunStore
     check_lease(path, work.token)
-    if work.threads:
-        import torch
-        torch.set_num_threads(work.threads)
-    return RunStore.open(path)
+    import torch
+    torch.set_num_threads(work.threads)
+    store = RunStore.open(path)
+    store.lease = work.token
+    return store
 
 
 def _predictor(store, work: Work, options: dict | None = None):
@@ -202,43 +220,53 @@ def _predictor(store, work: Work, options: dict | None = None):
 
 
 def encode_task(path: str, k: int, work: Work) -> int:
+    return encode_on(_store(path, work), k, work)
+
+
+def encode_on(store, k: int, work: Work) -> int:
+    """`encode_task`'s work on its store (opened under the lease: `_store`)."""
     from .stages.encode import STAGE, FramesOnDisk, encode_chunk
-    store = _store(path, work)
     if store.ledger(STAGE).todo([k]):  # a task run again after its commit has nothing to do
         encode_chunk(store, _predictor(store, work), k, FramesOnDisk(store), work.batch_size)
     return k
 
 
 def pass_task(path: str, direction: str, work: Work) -> str:
-    from .lock import check_lease
+    return pass_on(_store(path, work), direction, work)
+
+
+def pass_on(store, direction: str, work: Work) -> str:
+    """`pass_task`'s work on its store (opened under the lease: `_store`)."""
     from .stages.track import run_passes, stored_prompts
     from .track_settings import stored_settings
-    store = _store(path, work)
     predictor = _predictor(store, work, stored_settings(store)["options"])
     run_passes(store, predictor, stored_prompts(store), [direction],
-               on_commit=lambda d, k: check_lease(path, work.token),
                batch_size=work.batch_size, quiet=True)
     return direction
 
 
 def export_task(path: str, request: dict, k: int, work: Work):
+    return export_on(_store(path, work), request, k)
+
+
+def export_on(store, request: dict, k: int):
+    """`export_task`'s work on its store: the export as the client recorded it (`recorded`:
+    a task never resets its ledger or rewrites the record; a difference is an error)."""
     from .stages.export import Export
-    store = _store(path, work)
-    job = Export(store, tracking=True, **request)
+    job = Export(store, tracking=True, recorded=True, **request)
     if k in job.todo():
         job.chunk(k)
     return job.stage, k
 
 
-def video_task(layout, video: str, options, out, work_dir, threads: int | None):
+def video_task(layout, video: str, options, out, work_dir, threads: int):
     """One video of a dataset, as the single-process loop runs it (`run_video`): the
     video's store lock is taken here, on the worker, for the video's stages."""
     global MODELS
     from .model import Models
     from .vos_dataset import VideoRunner, run_video
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
+    import torch
+    torch.set_num_threads(threads)
     if MODELS is None:
         MODELS = Models()
     return run_video(VideoRunner(options, out, work_dir, quiet=True, models=MODELS), layout, video)

@@ -193,6 +193,7 @@ def write_features(store: RunStore, k: int, levels, kinds) -> None:
     shapes are known once the model has produced them)."""
     plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
     lo, hi = plan.bounds(k)
+    store.check_lease()  # a Dask task of a run taken over writes nothing
     for name, feats, (layout, computed, stored) in zip(LEVELS, levels, kinds):
         arr = store.array(name)
         if arr is None:

@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 
 from segpipe import log
 from segpipe.chunks import ChunkPlan, pass_chunks, passes
-from segpipe.errors import BadInput, StoreNotReady
+from segpipe.errors import BadInput, StoreMismatch, StoreNotReady
 from segpipe.lock import holds_store_lock
 from segpipe.maskio import mask_batches
 from segpipe.stages.decode import source_from
@@ -484,11 +484,15 @@ class Export:
 
     def __init__(self, store: RunStore, fmt: str, out, frames: str | None = None,
                  objects: str | None = None, force: bool = False, palette=None,
-                 per_object: bool = False, tracking: bool = False, name: str | None = None):
+                 per_object: bool = False, tracking: bool = False, name: str | None = None,
+                 recorded: bool = False):
         """`tracking`: made while the tracking still runs (chunks are exported as the
         passes commit them), so tracking need not be finished yet. `name`: the export's own
         record and ledger (default: the format's), for an export kept apart from the
-        user's (the dataset command's PNGs)."""
+        user's (the dataset command's PNGs). `recorded`: a Dask task's (`units`): the
+        client recorded the export; settings that differ from the record (an `out` that
+        resolves elsewhere on the worker, say) are an error, never a reset, so tasks
+        cannot wipe each other's commits or the record."""
         if fmt not in FORMATS:
             raise BadInput(f"--format must be one of {', '.join(FORMATS)}")
         if (palette is not None or per_object) and fmt != "davis":
@@ -516,8 +520,15 @@ class Export:
                     "palette": palette, "per_object": per_object}
         exports = store.attrs.get("exports", {})
         record = {"palette": None, "per_object": False, **exports.get(self.name, {})}
-        gone = record.get("complete") and not out.exists()  # finished, then deleted: redo
-        if force or gone or {k: record.get(k) for k in settings} != settings:
+        differs = [k for k in settings if record.get(k) != settings[k]]
+        if recorded:
+            if self.name not in exports or differs:
+                what = f"its {', '.join(differs)}" if self.name in exports else "no record"
+                raise StoreMismatch(f"store {store.path}: a Dask task's export {self.name} is not "
+                                    f"the recorded one ({what}): the workers must see the "
+                                    f"client's paths, and no other run change the export")
+        elif force or (record.get("complete") and not out.exists()) or differs:
+            # forced; finished, then deleted (redo); or new settings
             store.ledger(self.stage).reset()
             exports[self.name] = {**settings, "complete": False}
             store.set_attrs(exports=exports)
@@ -543,6 +554,7 @@ class Export:
     def chunk(self, k: int) -> None:
         """Export chunk k (its masks must be final) and commit it. The writer gets the masks
         in batches of frames bounded in bytes (`mask_batches`), never the whole chunk."""
+        self.store.check_lease()  # a Dask task of a run taken over writes nothing
         self.start()
         lo, hi = self.frames_of(k)
         batches = mask_batches(self.store, lo, hi, self.slots)

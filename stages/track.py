@@ -316,6 +316,7 @@ class Tracker:
     def write(self, k, lo, packed, scores, mine, memory) -> None:
         """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
         object, at a time) and its memory snapshot, then commit it."""
+        self.store.check_lease()  # a Dask task of a run taken over writes nothing
         idx = np.nonzero(mine)[0]
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous

@@ -9,6 +9,7 @@ to its workers), so every comparison is bit for bit with the single-process run.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from conftest import (ROOT, assert_same_store, assert_user_error, ledger_count, run_args,  # noqa: E402
-                      segpipe, tree_digest, wait_for)
+                      segpipe, tree_digest, tree_mtimes, wait_for)
 from test_dataset import VIDEOS, assert_same_pngs, dataset  # noqa: E402,F401 - a fixture
 
 CHUNKS = 6  # the small clip: 24 frames in chunks of 4; prompted from frame 5 (chunk 1)
@@ -122,41 +123,127 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
         assert all(after[k] == t for k, t in before.items()), stage
 
 
-def test_run_on_two_workers_killed_mid_encode_then_rerun_is_the_single_process_run(
-        small, reference, tmp_path):
-    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode: its
-    worker processes end with it (nothing writes behind a rerun's back); the same command
-    again continues from the ledger to the same store and exports, bit for bit.
-
-    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
-    reverse pass 4) is written by the reverse pass only after the forward pass committed
-    it: the reverse pass starts (writes its prompted memory) after that commit."""
+def kill_client(args: list[str], when) -> None:
+    """Start `segpipe <args>` and kill -9 it once `when()` holds; its worker processes end
+    with it (nothing writes behind a rerun's back)."""
     import psutil
-    store = tmp_path / "clip.zarr"
-    args = [*map(str, run_args(small, store)), "--workers", "2"]
     proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT,
                             stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: 1 <= ledger_count(store, "encode") < CHUNKS, proc, timeout=180)
+        assert wait_for(when, proc, timeout=180), "the run ended before the kill could land"
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
-    done = committed(store, "encode")
-    assert 1 <= len(done) < CHUNKS
     assert len(workers) >= 2
     _, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, alive
+
+
+def test_run_on_two_workers_client_killed_mid_encode_and_mid_pass_then_rerun_is_the_same(
+        small, reference, tmp_path):
+    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode, then
+    of the rerun mid-tracking: the same command again continues from the ledgers to the
+    same store and exports, bit for bit, without redoing a committed chunk.
+
+    The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
+    reverse pass 4) is written by the reverse pass only after the forward pass committed
+    it: the reverse pass starts (writes its prompted memory) after that commit."""
+    store = tmp_path / "clip.zarr"
+    args = [*map(str, run_args(small, store)), "--workers", "2"]
+    kill_client(args, lambda: 1 <= ledger_count(store, "encode") < CHUNKS)
+    encoded = committed(store, "encode")
+    assert 1 <= len(encoded) < CHUNKS
+    forward = CHUNKS - 1  # chunks 1..5
+    kill_client(args, lambda: 1 <= ledger_count(store, "track_forward") < forward)
+    tracked = committed(store, "track_forward")
+    assert 1 <= len(tracked) < forward
     rerun = segpipe(*args)
     assert rerun.returncode == 0, rerun.stderr
     assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
     assert_same_run(reference, store)
-    assert all(committed(store, "encode")[k] == t for k, t in done.items())
+    for stage, before in (("encode", encoded), ("track_forward", tracked)):
+        assert all(committed(store, stage)[k] == t for k, t in before.items()), stage
     forward_commit = committed(store, "track_forward")[1]
     reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
     assert reverse_start >= forward_commit
     assert committed(store, "track_reverse")[1] >= forward_commit
+
+
+def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
+    """Another run took the store's lock (released, then taken again: a new token) while
+    tasks of the first were on the workers. Those tasks write nothing: refused at their
+    start, and, for those past their start (the store opened under the old lease, as a task
+    opens it), before the data of the chunk they were doing (and its done-record). Tasks of the new run then
+    finish the store as the single-process run made it. An export task whose export is not
+    the recorded one (here another folder) is refused and leaves the record and ledger as
+    they were. In process, on a real store: the lock is held by this test."""
+    from segpipe import units
+    from segpipe.errors import StoreLocked, StoreMismatch
+    from segpipe.lock import store_lock, token
+    from segpipe.store import RunStore
+    store = tmp_path / "clip.zarr"
+    shutil.copytree(reference, store)
+    shutil.copytree(reference.with_name("clip.export"), store.with_name("clip.export"))
+    copy = RunStore.open(store)
+    # the copy's exports are its own (their record names the folder they were written to)
+    copy.set_attrs(exports=json.loads(json.dumps(copy.attrs["exports"]).replace(
+        str(reference.parent), str(tmp_path))))
+    todo = {"encode": 2, "track_forward": 5, "export_davis": 3}
+    for stage, k in todo.items():
+        copy.ledger(stage).undo(k)
+    path, davis = str(store), {"fmt": "davis", "out": str(store.with_name("clip.export") / "davis")}
+    with store_lock(store):
+        old = units.Work(token(store), None, "cpu", 1, 1)
+        begun = [units._store(path, old) for _ in range(3)]
+    with store_lock(store):
+        new = units.Work(token(store), None, "cpu", 1, 1)
+        written = tree_mtimes(tmp_path)
+        for stale in (lambda: units.encode_task(path, 2, old),
+                      lambda: units.encode_on(begun[0], 2, old),
+                      lambda: units.pass_on(begun[1], "forward", old),
+                      lambda: units.export_on(begun[2], davis, 3),
+                      lambda: begun[1].commit("track_forward", 5)):  # data written, say
+            with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
+                stale()
+        assert tree_mtimes(tmp_path) == written  # not a chunk's data, not a done-record
+        record = RunStore.open(store).attrs["exports"]
+        with pytest.raises(StoreMismatch, match="export davis is not the recorded one .its out."):
+            units.export_task(path, {**davis, "out": str(tmp_path / "elsewhere")}, 3, new)
+        after = RunStore.open(store)
+        assert after.attrs["exports"] == record
+        assert [after.ledger(stage).is_done(k) for stage, k in todo.items()] == [False] * 3
+        units.encode_task(path, 2, new)
+        units.pass_task(path, "forward", new)
+        units.export_task(path, davis, 3, new)
+    assert_same_run(reference, store)
+
+
+def test_dataset_on_two_workers_is_the_single_process_run(dataset, checkpoint, cluster,
+                                                           tmp_path, monkeypatch):
+    """`segpipe.dataset` on the LocalCluster (a task per video) and in one process: the same
+    PNGs byte for byte and the same stores. The dataset, the video list and the checkpoint
+    are given relative to the client's working directory, which is not the workers'."""
+    import segpipe
+    (tmp_path / "ckpt.pt").symlink_to(checkpoint)
+    (tmp_path / "list.txt").write_text("bear\ncows\n")
+    (tmp_path / "vos").symlink_to(dataset)
+    monkeypatch.chdir(tmp_path)
+    args = dict(video_list_file="list.txt", checkpoint="ckpt.pt", image_size=128, chunk_size=4,
+                device="cpu", progress=False)
+    runs = {}
+    for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
+        work = tmp_path / name
+        out = work / "out"  # in the stores' folder: their records of it compare as the same
+        results = segpipe.dataset("vos/JPEGImages", "vos/Annotations", out, work, **args, **where)
+        assert [(r.video, r.status) for r in results] == [("bear", "done"), ("cows", "done")]
+        runs[name] = out, work
+    (here, here_work), (there, there_work) = runs["here"], runs["dask"]
+    assert tree_digest(here) == tree_digest(there)
+    assert len(tree_digest(here)) == VIDEOS["bear"][0] + VIDEOS["cows"][0]
+    for video in ("bear", "cows"):
+        assert_same_store(here_work / f"{video}.zarr", there_work / f"{video}.zarr")
 
 
 def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
@@ -177,6 +264,31 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), \
             pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"):
         encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
+
+
+def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch):
+    """The torch thread count sent to the workers is the client's OMP_NUM_THREADS, else the
+    client's own torch count (never the workers' default); a worker running two tasks at a
+    time is refused in one line (two would share its models and torch's thread count)."""
+    import torch
+    from distributed import LocalCluster
+    from segpipe import BadInput
+    from segpipe.cluster import connect, worker_threads
+    mine = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert worker_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    try:
+        torch.set_num_threads(2)
+        assert worker_threads() == 2
+    finally:
+        torch.set_num_threads(mine)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0",
+                      silence_logs=logging.ERROR) as two, \
+            pytest.raises(BadInput, match="runs 2 tasks at a time; segpipe needs one .dask worker "
+                                          "--nthreads 1.$"):
+        with connect(scheduler=two.scheduler_address, device="cpu", quiet=True):
+            pass
 
 
 def free_port() -> int:
