@@ -86,11 +86,18 @@ def _client(workers: int | None, scheduler: str | None):
     from distributed import Client, LocalCluster
     logging.getLogger("distributed").setLevel(logging.ERROR)  # failures come back as errors
     if workers is not None:
+        import dask
         # Dask's port where the dashboard can be served (bokeh), else any free one (its
         # HTTP server still runs: health and metrics)
         dashboard = ":8787" if importlib.util.find_spec("bokeh") else ":0"
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                          silence_logs=logging.ERROR, dashboard_address=dashboard) as local, \
+        # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536: glibc then gives
+        # back and faults in again the image encoder's buffers, a chunk encoded 40% slower
+        # (3.75 s against 2.66 s for 16 frames at 256 here); segpipe's workers go without it
+        environ = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+                   if k != "MALLOC_TRIM_THRESHOLD_"}
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), \
+                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                             silence_logs=logging.ERROR, dashboard_address=dashboard) as local, \
                 Client(local) as client:
             yield client
         return

@@ -375,3 +375,12 @@ def test_help_has_workers_and_scheduler_with_an_example(command):
     example = text.split("Example")[1]
     assert f"segpipe {command}" in example
     assert "--workers 2" in example or "--workers 4" in example or "--scheduler tcp://" in example
+
+
+def test_segpipes_local_workers_run_without_dasks_malloc_trim_threshold():
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, which made a chunk
+    encode 40% slower here (`bench_dask.py`); segpipe's `--workers` cluster leaves it out."""
+    import os
+    from segpipe.cluster import _client
+    with _client(1, None) as client:
+        assert set(client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
