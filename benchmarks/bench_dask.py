@@ -13,7 +13,6 @@ to keep N workers from oversubscribing the cores; one process uses torch's defau
 OMP_NUM_THREADS is set.
 """
 import argparse
-import logging
 import shutil
 import statistics
 import sys
@@ -73,8 +72,7 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
     """Per chunk: encode in process (model built, frames on disk) and as a Dask task on one
     warm worker, one task at a time; then a task whose chunk is done (its round trip: the
     lease check, the store opened, the ledger read)."""
-    from distributed import Client, LocalCluster
-    from segpipe.cluster import Cluster, worker_threads
+    from segpipe.cluster import Cluster, _client, worker_threads
     from segpipe.lock import store_lock
     from segpipe.model import Weights, build_model
     from segpipe.stages.encode import FramesOnDisk, encode_chunk
@@ -95,10 +93,7 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
         began = time.perf_counter()
         encode_chunk(run, predictor, k, frames_of)
         here.append(time.perf_counter() - began)
-    with store_lock(store), LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                         dashboard_address=":0",
-                                         silence_logs=logging.ERROR) as local, \
-            Client(local) as client:
+    with store_lock(store), _client(1, None) as client:  # as `--workers 1` makes it
         cluster = Cluster(client, worker_threads())
         work = cluster.work(store, None, "cpu")
 
