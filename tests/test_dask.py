@@ -379,8 +379,16 @@ def test_help_has_workers_and_scheduler_with_an_example(command):
 
 def test_segpipes_local_workers_run_without_dasks_malloc_trim_threshold():
     """Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, which made a chunk
-    encode 40% slower here (`bench_dask.py`); segpipe's `--workers` cluster leaves it out."""
-    import os
-    from segpipe.cluster import _client
-    with _client(1, None) as client:
-        assert set(client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+    encode 40% slower here (`bench_dask.py`); segpipe's `--workers` cluster leaves it out.
+    In a fresh process, as a command starts: a nanny also sets it in its parent's
+    environment, so this test process has it once another test made a cluster."""
+    code = ("import os\n"
+            "from segpipe.cluster import _client\n"
+            "if __name__ == '__main__':\n"
+            "    with _client(1, None) as client:\n"
+            "        print(set(client.run(os.environ.get, 'MALLOC_TRIM_THRESHOLD_').values()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "{None}", proc.stdout
