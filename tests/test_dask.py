@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("distributed")
+import distributed  # noqa: E402,F401 - `make test` installs the dask extra: missing, these fail
 
 from conftest import (ROOT, assert_same_store, assert_user_error, ledger_count, run_args,  # noqa: E402
                       segpipe, tree_digest, tree_mtimes, wait_for)
@@ -355,8 +355,8 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
 def test_workers_that_cannot_see_the_store_are_refused(small, scheduler, tmp_path):
     """A worker whose file system is not the client's (here: a private mount namespace with
     an empty tmpfs over the test's folder) is refused before anything is written."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("a private mount namespace needs root and unshare")
+    if os.geteuid() != 0:  # as root (CI runs so) the test must run: no unshare fails it
+        pytest.skip("a private mount namespace needs root")
     address, worker = scheduler
     hidden = tmp_path / "here"
     hidden.mkdir()

@@ -126,7 +126,7 @@ def small_fs(tmp_path):
     def mount(size: str) -> Path:
         where = tmp_path / f"fs{len(mounted)}"
         where.mkdir()
-        if os.geteuid() != 0 or shutil.which("mount") is None:
+        if os.geteuid() != 0:  # as root (CI runs so) the test must run: no mount fails it
             pytest.skip("mounting a small tmpfs needs root")
         proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                               capture_output=True, text=True)
