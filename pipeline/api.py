@@ -185,13 +185,12 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
-    from .retention import drop, keep_setting, set_keep
+    from .retention import check_keep, drop, keep_setting, set_keep
     from .stages.decode import decode as decode_stage
     from .stages.encode import encode as encode_stage
     from .stages.export import ExportsAsTracked
     from .stages.track import track as track_stage
-    if keep is not None and keep not in ("all", "masks"):
-        raise BadInput(f"keep must be \"all\" or \"masks\", got {keep!r}")
+    check_keep(keep)  # before anything is written
     if keep == "masks" and (workers is not None or scheduler is not None):
         raise BadInput("--keep masks runs in one process: run it without --workers or --scheduler")
 

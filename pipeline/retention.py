@@ -27,12 +27,15 @@ def keep_setting(store: RunStore) -> str:
     return store.attrs.get("keep", "all")
 
 
-def set_keep(store: RunStore, keep: str | None) -> None:
-    if keep is None:
-        return
-    if keep not in KEEPS:
+def check_keep(keep: str | None) -> None:
+    """None (the store's setting) or one of `KEEPS`."""
+    if keep is not None and keep not in KEEPS:
         raise BadInput(f"--keep must be one of {', '.join(KEEPS)}, got {keep!r}")
-    if keep != keep_setting(store):
+
+
+def set_keep(store: RunStore, keep: str | None) -> None:
+    check_keep(keep)
+    if keep is not None and keep != keep_setting(store):
         store.set_attrs(keep=keep)
 
 

@@ -24,6 +24,7 @@ class ChunkSupply:
         self.store, self.predictor, self.batch_size = store, predictor, batch_size
         self.keep = keep_setting(store)
         self.remaining = {d: set(chunks) for d, chunks in todo.items()}
+        self.prompt_chunks = sorted(prompt_chunks)
         self.prompts = {d: set(prompt_chunks) if starts[d] else set() for d in todo}
         self.frames_of = FramesOnDisk(store)
 

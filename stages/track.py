@@ -204,8 +204,7 @@ class Tracker:
         state = new_state(self.predictor, self.plan.num_frames, self.height, self.width,
                           self.features, self.pos[0])
         if before is None:
-            prompt_chunks = sorted({self.plan.chunk_of(p.frame) for p in self.prompts})
-            for k in prompt_chunks:
+            for k in self.supply.prompt_chunks:
                 self.supply.ensure(k)
             apply_prompts(self.predictor, state, self.prompts)
             self.supply.prompted(self.direction)
