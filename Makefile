@@ -18,12 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) data/make_sample.py --out $(DEMO)
-	$(VENV)/bin/segpipe run $(DEMO)/sample.mp4 --store $(DEMO)/sample.zarr \
-		--prompts $(DEMO)/prompts.json --chunk-size 16 --image-size 256 \
-		$(if $(SEGPIPE_CHECKPOINT),--checkpoint $(SEGPIPE_CHECKPOINT),--random-weights 0)
-	$(VENV)/bin/segpipe status --store $(DEMO)/sample.zarr
-	@echo "demo results: store $(DEMO)/sample.zarr, exports in $(DEMO)/sample.export/"
+	$(PY) data/demo.py --out $(DEMO)
 
 # Test files run in parallel, one per worker process (a file's fixtures are built once),
 # each worker's torch on one thread: two-thread workers on shared cores spin against each

@@ -90,10 +90,10 @@ def bench_model(name: str, args, root: Path) -> dict:
         predictor = model
         if label != "official":  # built only now: its weights are not in the plain run's peak
             from sam2.build_sam import build_sam2_video_predictor
-            from segpipe.model import MODELS
+            from segpipe.model import OFFICIAL
             torch._dynamo.reset()
             predictor = build_sam2_video_predictor(
-                MODELS[name][0], device=device, vos_optimized=True,
+                OFFICIAL[name][0], device=device, vos_optimized=True,
                 hydra_overrides_extra=[f"++model.image_size={args.size}"])
             predictor.load_state_dict(model.state_dict())
             # warm-up: torch.compile's first calls compile (minutes), not measured

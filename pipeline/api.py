@@ -77,8 +77,8 @@ def encode(store, *, model: str = DEFAULT_MODEL, checkpoint: str | None = None,
     """
     from .cluster import connect
     from .stages.encode import encode as encode_stage
-    space = SpaceGuard(store, ("decode", "encode"), "encode", enabled=space_check,
-                       quiet=not progress)
+    space = SpaceGuard(store, ("decode", "encode"), "encode", Later(model=model),
+                       enabled=space_check, quiet=not progress)
     with connect(workers, scheduler, device, not progress, store, [checkpoint]) as cluster:
         encode_stage(store, model=model, checkpoint=checkpoint, random_seed=random_weights,
                      device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
@@ -201,7 +201,7 @@ def run(video, store, prompts=None, *, chunk_size: int | None = None,
     quiet = not progress
     stages = ("decode", "encode") + (("track",) if prompts is not None else ())
     later = Later(embedding_dtype, precision, prompts, direction, object_start,
-                  len(exports) if prompts is not None else 0, device)
+                  len(exports) if prompts is not None else 0, device, model)
     space = SpaceGuard(store, stages, "run", later, enabled=space_check, keep=keep,
                        quiet=quiet)
     from .cluster import connect

@@ -47,7 +47,9 @@ def encode_options(f):
                      help="Seeded random weights, for tests and demos: masks mean nothing.")(f)
     f = CHECKPOINT(f)
     f = click.option("--model", type=click.Choice(list(MODELS)), default=DEFAULT_MODEL,
-                     help="SAM 2 model config.")(f)
+                     help="SAM 2 model config: an official one, or segpipe_tiny (the demo model: "
+                          "trained on synthetic clips, weights shipped in data/; decode at the "
+                          "image size they were trained at, encode warns otherwise).")(f)
     return f
 
 

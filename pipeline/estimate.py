@@ -72,8 +72,20 @@ STAGE_GROUPS = {"decode": ("frames",), "encode": ("frames", "features"),
 
 # SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
 # frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15, mem_dim 64, hidden_dim 256.
-NUM_MASKMEM, MAX_OBJ_PTRS, MEM_DIM, HIDDEN_DIM = 7, 16, 64, 256
-LEVEL_SHAPES = ((32, 4), (64, 8), (256, 16))  # channels, stride: [C, S/stride, S/stride]
+# segpipe_tiny has the same memory sizes and narrower widths (`model.model_widths`).
+NUM_MASKMEM, MAX_OBJ_PTRS = 7, 16
+
+
+def widths(model: str | None) -> tuple[int, int]:
+    """(mem_dim, hidden_dim) of `model`; the official ones' where it is not known yet."""
+    from .model import model_widths
+    return model_widths(model) if model else (64, 256)
+
+
+def level_shapes(hidden_dim: int) -> tuple:
+    """(channels, stride) of the stored levels: [C, S/stride, S/stride] (levels 0 and 1 come
+    out of the mask decoder's conv_s0 / conv_s1: hidden_dim / 8 and / 4 channels)."""
+    return (hidden_dim // 8, 4), (hidden_dim // 4, 8), (hidden_dim, 16)
 
 # Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).
 RESIDENT_CHUNKS = 3  # chunks of frames and of features a `--keep masks` run has on disk at once
@@ -154,13 +166,15 @@ def level_itemsizes(embedding_dtype: str, precision: str) -> tuple[int, int, int
 
 
 def features_part(T: int, C: int, S: int, embedding_dtype: str, precision: str,
-                  stored: list | None = None, basis: str | None = None) -> Part:
+                  stored: list | None = None, basis: str | None = None,
+                  hidden_dim: int = 256) -> Part:
     """Exact: uncompressed, full-size chunks. `stored`: (itemsize, per-frame values) of the
     store's own level arrays, when they exist."""
     chunks = ChunkPlan(T, C).num_chunks
     if stored is None:
         sizes = level_itemsizes(embedding_dtype, precision)
-        stored = [(size, ch * (S // st) ** 2) for size, (ch, st) in zip(sizes, LEVEL_SHAPES)]
+        stored = [(size, ch * (S // st) ** 2)
+                  for size, (ch, st) in zip(sizes, level_shapes(hidden_dim))]
     total = sum(chunks * (C * n * size + 4) + ARRAY_META for size, n in stored)
     per_frame = sum(n * size for size, n in stored)
     return Part(total, basis or f"{embedding_dtype} under {precision} precision, "
@@ -213,11 +227,12 @@ def tracking_layout(T: int, prompts: list[Prompted] | None, direction: str | Non
 
 
 def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction: str,
-                     first: dict, precision: str) -> dict[str, list[float]]:
+                     first: dict, precision: str, model: str | None = None) -> dict[str, list[float]]:
     """Per pass, the counted bytes of the prompted outputs (index 0) and of each chunk's
     snapshot in the pass's order (1..)."""
     plan = ChunkPlan(T, C)
-    slot = MEM_DIM * (S // 16) ** 2 * 2
+    mem_dim, hidden_dim = widths(model)
+    slot = mem_dim * (S // 16) ** 2 * 2
     rho = RHO_FLOAT32_FROM_BF16 if precision == "bfloat16" else RHO_FLOAT32
     M, P = NUM_MASKMEM - 1, max(min(T, MAX_OBJ_PTRS) - 1, 1)
     ids = list(dict.fromkeys(p.object_id for p in prompts))
@@ -225,7 +240,7 @@ def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction:
     start = min(p.frame for p in prompts)
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     K = max(len(c) for c in cond.values())
-    prompted = (O * K * (4 + slot * RHO_MASKMEM + HIDDEN_DIM * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
+    prompted = (O * K * (4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
                 + 5 * (CHUNK_OVERHEAD + ARRAY_META))
     small = O * (2 * P + M) * 4 + 5 * CHUNK_OVERHEAD  # frame indices, scores, headers
     out = {}
@@ -245,7 +260,7 @@ def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction:
                 seen[i] += tracked - prompted_here
                 mem += min(M, seen[i])
                 ptr += min(P, seen[i])
-            sizes.append(mem * slot * RHO_MASKMEM + ptr * HIDDEN_DIM * 4 * rho + small)
+            sizes.append(mem * slot * RHO_MASKMEM + ptr * hidden_dim * 4 * rho + small)
             if all(v >= max(M, P) for v in seen.values()):  # full from here on
                 sizes += [sizes[-1]] * (len(chunks) - n - 1)
                 break
@@ -300,6 +315,7 @@ class Later:
     object_start: str | None = None
     exports: int = 0
     device: str = "auto"  # decides the default precision (bfloat16 on CUDA)
+    model: str | None = None  # decides the widths of features and memory
 
 
 def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Later,
@@ -330,7 +346,9 @@ def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Late
         if all(a is not None for a in arrays):
             stored = [(a.dtype.itemsize, math.prod(a.shape[1:])) for a in arrays]
     default = "" if (later.embedding_dtype or model) else " (encode's default)"
-    est.parts["features"] = features_part(T, C, S, emb, precision, stored)
+    name = later.model or model.get("name")
+    est.parts["features"] = features_part(T, C, S, emb, precision, stored,
+                                          hidden_dim=widths(name)[1])
     est.parts["features"].basis += default
 
     given = later.direction or track.get("direction")
@@ -338,7 +356,7 @@ def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Late
         later.prompts is None or (prompts == summarize_prompts(track.get("prompts", []))
                                   and given == track.get("direction")))
     O, start, direction, first, plist = tracking_layout(T, prompts, direction, object_start)
-    snaps = memory_snapshots(T, C, S, plist, direction, first, precision)
+    snaps = memory_snapshots(T, C, S, plist, direction, first, precision, name)
     memory, measured = 0, False
     for d, counted in snaps.items():
         recent_meta = 5 * ARRAY_META

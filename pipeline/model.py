@@ -1,4 +1,5 @@
-"""Building SAM 2 models: official configs, checkpoints (file or hf:), seeded random weights.
+"""Building SAM 2 models: official configs, checkpoints (file or hf:), seeded random weights,
+and segpipe's own demo model (`segpipe_tiny`: SAM 2's architecture, smaller, weights shipped).
 
 Also the one place where segpipe changes SAM 2's arithmetic: on CPU in float32 the official
 predictor crashes when an object's memory holds only bfloat16 mask memories and no object
@@ -8,6 +9,8 @@ pointer joins the bfloat16 memories, so every other case stays bit-identical.
 """
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from .errors import BadInput
 from .store import file_identity
 
 # model name -> (config inside the sam2 package, official checkpoint file, Hugging Face repo)
-MODELS = {
+OFFICIAL = {
     "sam2.1_hiera_t": ("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", "facebook/sam2.1-hiera-tiny"),
     "sam2.1_hiera_s": ("configs/sam2.1/sam2.1_hiera_s.yaml", "sam2.1_hiera_small.pt", "facebook/sam2.1-hiera-small"),
     "sam2.1_hiera_b+": ("configs/sam2.1/sam2.1_hiera_b+.yaml", "sam2.1_hiera_base_plus.pt", "facebook/sam2.1-hiera-base-plus"),
@@ -25,6 +28,13 @@ MODELS = {
     "sam2_hiera_b+": ("configs/sam2/sam2_hiera_b+.yaml", "sam2_hiera_base_plus.pt", "facebook/sam2-hiera-base-plus"),
     "sam2_hiera_l": ("configs/sam2/sam2_hiera_l.yaml", "sam2_hiera_large.pt", "facebook/sam2-hiera-large"),
 }
+# segpipe's own: SAM 2's architecture at a size a CPU trains (data/train_tiny.py), with its
+# config here and its weights shipped in the repository: name -> (config, weights)
+SHIPPED = {
+    "segpipe_tiny": (Path(__file__).parent / "configs" / "segpipe_tiny.yaml",
+                     Path(__file__).resolve().parents[1] / "data" / "segpipe_tiny.pt"),
+}
+MODELS = [*OFFICIAL, *SHIPPED]
 DEFAULT_MODEL = "sam2.1_hiera_t"
 CHECKPOINT_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/{release}/{file}"
 
@@ -46,12 +56,18 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
         raise BadInput(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     if checkpoint is not None and random_seed is not None:
         raise BadInput("give either --checkpoint or --random-weights, not both")
+    if checkpoint is None and random_seed is None and model in SHIPPED:
+        shipped = SHIPPED[model][1]
+        if not shipped.is_file():
+            raise BadInput(f"{model}'s weights are not at {shipped}: train them with "
+                           f"python data/train_tiny.py, or pass --checkpoint PATH")
+        return Weights(checkpoint=shipped)
     if checkpoint is None and random_seed is None:
-        _, file, _ = MODELS[model]
+        _, file, _ = OFFICIAL[model]
         release = "092824" if model.startswith("sam2.1") else "072824"
         raise BadInput(
             f"no weights for {model}: download {CHECKPOINT_URL.format(release=release, file=file)} "
-            f"and pass it as --checkpoint PATH (or --checkpoint hf:{MODELS[model][2]}; "
+            f"and pass it as --checkpoint PATH (or --checkpoint hf:{OFFICIAL[model][2]}; "
             f"--random-weights SEED for tests only)"
         )
     if random_seed is not None:
@@ -67,7 +83,7 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
 def _hf_checkpoint(repo_id: str) -> Path:
     """Resolve `hf:facebook/sam2.1-hiera-tiny` through huggingface_hub's cache, as SAM 2's
     own `from_pretrained` does."""
-    files = {repo: file for _, file, repo in MODELS.values()}
+    files = {repo: file for _, file, repo in OFFICIAL.values()}
     if repo_id not in files:
         raise BadInput(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
     from huggingface_hub import hf_hub_download
@@ -91,14 +107,14 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
     import torch
     from sam2.build_sam import build_sam2_video_predictor
 
-    config = MODELS[model][0]
     overrides = [f"++model.image_size={image_size}",
                  f"++model.non_overlap_masks={'true' if non_overlap else 'false'}"]
     if weights.random_seed is not None:
         torch.manual_seed(weights.random_seed)
-    predictor = build_sam2_video_predictor(config, ckpt_path=None, device="cpu",
-                                           hydra_overrides_extra=overrides,
-                                           apply_postprocessing=postprocessing)
+    with _BUILDING, _config_dir(model) as config:
+        predictor = build_sam2_video_predictor(config, ckpt_path=None, device="cpu",
+                                               hydra_overrides_extra=overrides,
+                                               apply_postprocessing=postprocessing)
     if weights.checkpoint is not None:
         try:
             state = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)["model"]
@@ -108,6 +124,59 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
             raise BadInput(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
     install_memory_cast(predictor)
     return predictor.to(device).eval()
+
+
+def trained_size(weights: Weights) -> int | None:
+    """The image size a checkpoint says it was trained at (data/train_tiny.py records it;
+    official checkpoints do not), else None."""
+    if weights.checkpoint is None:
+        return None
+    import torch
+    try:
+        # mmap: an official checkpoint's tensors (up to 900 MB) are not read for this
+        size = torch.load(weights.checkpoint, map_location="cpu", weights_only=True,
+                          mmap=True).get("image_size")
+    except Exception:  # noqa: BLE001 - unreadable: build_model says so
+        return None
+    return size if isinstance(size, int) else None
+
+
+def model_widths(model: str) -> tuple[int, int]:
+    """(mem_dim, hidden_dim) of `model`: the official configs' 64 and 256, or what a shipped
+    config says (read from its YAML, so the storage estimate needs no torch)."""
+    if model not in SHIPPED:
+        return 64, 256
+    import yaml
+    config = yaml.safe_load(SHIPPED[model][0].read_text())["model"]
+    return config["memory_encoder"]["out_dim"], config["memory_attention"]["d_model"]
+
+
+# Building one of our models points Hydra, process-wide, at our config folder for the build:
+# builds take turns.
+_BUILDING = threading.Lock()
+
+
+@contextmanager
+def _config_dir(model: str):
+    """The config name SAM 2's builder composes for `model`: an official one from the sam2
+    package, or one of ours from its folder (Hydra pointed there for the build only, so SAM 2's
+    own builder, overrides and all, makes every model)."""
+    if model in OFFICIAL:
+        yield OFFICIAL[model][0]
+        return
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    config = SHIPPED[model][0]
+    # Hydra's own backup and restore (what its initialize_* context managers use): the sam2
+    # package's Hydra, made at `import sam2`, is put back after.
+    sam2s = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config.parent), version_base="1.2"):
+            yield config.name
+    finally:
+        restore_gh_from_backup(sam2s)
 
 
 class Models:

@@ -17,7 +17,7 @@ from segpipe import log
 from segpipe.chunks import ChunkPlan
 from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
 from segpipe.model import (DEFAULT_MODEL, autocast, build_model, pick_device, pick_precision,
-                           resolve_weights)
+                           resolve_weights, trained_size)
 from segpipe.lock import holds_store_lock
 from segpipe.retention import drop, has, keep_setting, restored
 from segpipe.store import RunStore, reset_from
@@ -130,6 +130,10 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         store.set_attrs(model=spec)
     if weights.random_seed is not None:
         log.warn("random weights: embeddings and masks from them mean nothing")
+    trained = trained_size(weights)
+    if trained and spec["image_size"] != trained:
+        log.warn(f"these weights were trained at image size {trained} and this store is at "
+                 f"{spec['image_size']}: decode with --image-size {trained} for their masks")
     if not todo:
         if chunks is None:
             log.info("encode: already complete", quiet)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from segpipe.model import MODELS, install_memory_cast
+from segpipe.model import OFFICIAL, install_memory_cast
 
 
 class ToolError(Exception):
@@ -52,7 +52,7 @@ def oracle_predictor(image_size: int, seed: int, postprocessing: bool, per_obj: 
     from sam2.build_sam import build_sam2_video_predictor
     torch.manual_seed(seed)
     predictor = build_sam2_video_predictor(
-        MODELS["sam2.1_hiera_t"][0], ckpt_path=None, device="cpu",
+        OFFICIAL["sam2.1_hiera_t"][0], ckpt_path=None, device="cpu",
         apply_postprocessing=postprocessing,
         hydra_overrides_extra=[f"++model.image_size={image_size}",
                                "++model.non_overlap_masks=" + ("false" if per_obj else "true")])

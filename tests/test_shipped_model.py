@@ -1,0 +1,107 @@
+"""The shipped demo model, `segpipe_tiny` with data/segpipe_tiny.pt: it segments for real (the
+objects covered, the background not) and segpipe's chunked tracking with it is bit for bit SAM
+2's own predictor with it (masks and object scores), as for the official configs."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, read_checked, segpipe
+from oracle import oracle_tracking, same_bits
+from segpipe.model import SHIPPED, Weights, trained_size
+
+import make_sample
+
+T, CHUNK, WIDTH, HEIGHT = 24, 8, 160, 120
+SIZE = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1]))  # what it was trained at
+# Over the clip, per object: the shipped model reaches IoU 0.63 (clicks) and 0.56 (mask) and
+# marks under 1% of the background; it loses the box-prompted object 2 (IoU 0.03), a known
+# weakness (README: The demo model). Random weights: IoU 0 for all three.
+MIN_IOU, MAX_OUTSIDE, SEGMENTED = 0.5, 0.02, (0, 2)
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """The demo's kind of clip and prompts (clicks, a box, a mask on frames 5, 10, 15), run by
+    the CLI with the shipped model and its shipped weights (no checkpoint option)."""
+    root = tmp_path_factory.mktemp("shipped")
+    frames, masks = make_sample.make_clip(num_frames=T, width=WIDTH, height=HEIGHT, seed=3)
+    make_sample.write_video(root / "clip.mp4", frames)
+    make_sample.write_prompts(root, masks, frames=(5, 10, 15))
+    store = root / "clip.zarr"
+    segpipe("run", root / "clip.mp4", "--store", store, "--prompts", root / "prompts.json",
+            "--model", "segpipe_tiny", "--image-size", SIZE, "--chunk-size", CHUNK,
+            "--export", "none", "--quiet", check=True)
+    return root, store, masks
+
+
+def test_the_shipped_weights_say_their_image_size():
+    assert SIZE in (128, 160, 192, 224, 256)
+
+
+def test_shipped_model_segments_the_objects(tracked):
+    """The clicked and the mask-prompted object covered (IoU with the ground truth over the
+    clip), the background marked for no object."""
+    _, store, truth = tracked
+    masks = read_checked(store, "masks")
+    for o in range(truth.shape[1]):
+        outside = (masks[:, o] & ~truth[:, o]).sum() / (~truth[:, o]).sum()
+        assert outside <= MAX_OUTSIDE, (o, outside)
+    for o in SEGMENTED:
+        inter = (masks[:, o] & truth[:, o]).sum()
+        union = (masks[:, o] | truth[:, o]).sum()
+        assert inter / union >= MIN_IOU, (o, inter / union)
+
+
+def test_shipped_model_tracks_bit_identical_to_sam2(tracked):
+    from segpipe.model import build_model, resolve_weights
+    root, store, _ = tracked
+    predictor = build_model("segpipe_tiny", SIZE, resolve_weights("segpipe_tiny", None, None))
+    oracle = oracle_tracking(store, root / "prompts.json", predictor)  # "both" from the two
+    masks, scores = read_checked(store, "masks"), read_checked(store, "object_scores")
+    assert all(masks[:, o].any() and not masks[:, o].all() for o in range(masks.shape[1]))
+    assert np.array_equal(masks, oracle.masks["both"])
+    assert same_bits(scores, oracle.scores["both"])
+
+
+def test_official_models_build_after_ours():
+    """Building segpipe_tiny points Hydra at segpipe's config folder for the build only."""
+    from segpipe.model import Weights as W, build_model
+    tiny = build_model("segpipe_tiny", 128, W(random_seed=0))
+    official = build_model("sam2.1_hiera_t", 128, W(random_seed=0))
+    assert (tiny.hidden_dim, official.hidden_dim) == (64, 256)
+
+
+def test_the_estimate_counts_the_shipped_models_widths(tracked):
+    """The storage estimate of features for segpipe_tiny is its real bytes on disk (an
+    official model's widths would count four times as much)."""
+    from segpipe import estimate
+    _, store, _ = tracked
+    est = estimate.build(T, "raw", CHUNK, SIZE, WIDTH, HEIGHT,
+                         estimate.Later(model="segpipe_tiny"), (None, "raw"))
+    sizes, _ = estimate.disk_usage(store)
+    on_disk = sum(v for name, v in sizes.items() if name.startswith("features/"))
+    assert abs(est.parts["features"].bytes - on_disk) <= 0.02 * on_disk
+
+
+def test_missing_shipped_weights_are_one_line(tmp_path, monkeypatch):
+    from segpipe import model
+    from segpipe.errors import BadInput
+    config, _ = model.SHIPPED["segpipe_tiny"]
+    monkeypatch.setitem(model.SHIPPED, "segpipe_tiny", (config, tmp_path / "gone.pt"))
+    with pytest.raises(BadInput, match="train_tiny.py"):
+        model.resolve_weights("segpipe_tiny", None, None)
+
+
+def test_offline_demo_picks_the_shipped_model(tmp_path):
+    """No SAM 2 checkpoint in the Hugging Face cache and no network: the demo says it uses
+    segpipe_tiny (and runs `--model segpipe_tiny` at its size); a checkpoint given is used."""
+    code = "import demo; print(demo.pick_weights(None)[0]); print(demo.pick_weights('my.pt')[0])"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "data"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == [f"['--model', 'segpipe_tiny', '--image-size', '{SIZE}']",
+                   "['--checkpoint', 'my.pt', '--image-size', '512']"]
