@@ -19,7 +19,8 @@ object scores and tracked frames must be bit-identical across them (SAM 2's trac
 see chunks), and the script exits 1 if they are not.
 
     python benchmarks/bench_quality.py                      # the shipped segpipe_tiny
-    python benchmarks/bench_quality.py --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
+    python benchmarks/bench_quality.py --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt \
+        --image-size 512
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def pick_weights(checkpoint: str | None) -> tuple[list[str], str]:
         return (["--model", "sam2.1_hiera_t", "--checkpoint", f"hf:{REPO}", "--image-size", "512"],
                 f"SAM 2.1 tiny, Meta's weights (hf:{REPO})")
     from segpipe.model import SHIPPED, Weights, trained_size
-    size = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1])) or 256
+    size = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1])) or 128  # missing: run says
     return (["--model", "segpipe_tiny", "--image-size", str(size)],
             "segpipe_tiny, segpipe's small SAM 2 trained on synthetic clips (data/segpipe_tiny.pt): "
             "SAM 2's weights are not cached and huggingface.co is not reachable")

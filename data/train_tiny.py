@@ -15,8 +15,10 @@ the chosen mask only (SAM 2.1's config supervises all three) and clicks sit at p
 
 Reproducible: clip k is `data/synthetic.py`'s seed k, the weights start from torch seed 0,
 and CPU arithmetic repeats bit for bit at a fixed thread count (`--threads`, 1 by default;
-two 30-step runs gave identical weights). The shipped `data/segpipe_tiny.pt` is what the
-default arguments give; the run time is in the README. Progress is saved to
+two 30-step runs gave identical weights). The shipped `data/segpipe_tiny.pt` holds the
+tensors the default arguments gave (one run; saved under another name and copied, so the
+file's bytes, and the sha256 stores record, differ from a rerun's); its run time is in the
+README. Progress is saved to
 `<out>.partial.pt`; `--out` is written once, at the end.
 
     python data/train_tiny.py                   # writes data/segpipe_tiny.pt

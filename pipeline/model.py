@@ -126,6 +126,14 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
     return predictor.to(device).eval()
 
 
+def made_by_shipped_weights(spec: dict) -> bool:
+    """Whether a store's model record (`encode`'s spec) is a shipped model with its shipped
+    weights, which later stages then find without --checkpoint."""
+    shipped = SHIPPED.get(spec["name"])
+    return bool(shipped and shipped[1].is_file()
+                and spec["weights"] == Weights(checkpoint=shipped[1]).describe())
+
+
 def trained_size(weights: Weights) -> int | None:
     """The image size a checkpoint says it was trained at (data/train_tiny.py records it;
     official checkpoints do not), else None."""
@@ -148,7 +156,7 @@ def model_widths(model: str) -> tuple[int, int]:
         return 64, 256
     import yaml
     config = yaml.safe_load(SHIPPED[model][0].read_text())["model"]
-    return config["memory_encoder"]["out_dim"], config["memory_attention"]["d_model"]
+    return config["memory_encoder"]["out_dim"], config["image_encoder"]["neck"]["d_model"]
 
 
 # Building one of our models points Hydra, process-wide, at our config folder for the build:

@@ -140,7 +140,9 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         return store
     if cluster is not None:
         from segpipe.units import encode as encode_on
-        encode_on(cluster, store, todo, cluster.work(store_path, checkpoint, device, batch_size),
+        # the shipped weights' path as resolved here (a worker elsewhere has another checkout)
+        given = checkpoint or (weights.checkpoint and str(weights.checkpoint))
+        encode_on(cluster, store, todo, cluster.work(store_path, given, device, batch_size),
                   quiet)
         log.info(f"encode: {T} frames embedded in {store.path}", quiet)
         return store

@@ -25,7 +25,7 @@ from segpipe import prompts as prompt_file
 from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.model import (SHIPPED, autocast, build_model, pick_device, resolve_weights,
+from segpipe.model import (autocast, build_model, made_by_shipped_weights, pick_device, resolve_weights,
                            tracking_options)
 from segpipe.lock import holds_store_lock
 from segpipe.maskio import mask_chunks, packed_size, write_fill, write_packed
@@ -433,7 +433,7 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
     prompts = (stored_prompts(store) if prompts is None
                else prompt_file.load(prompts, T, video["width"], video["height"]))
     seed = spec["weights"].get("random_seed")
-    if seed is None and checkpoint is None and spec["name"] not in SHIPPED:  # those resolve
+    if seed is None and checkpoint is None and not made_by_shipped_weights(spec):
         raise BadInput("the embeddings were made from a checkpoint: pass the same --checkpoint")
     weights = resolve_weights(spec["name"], checkpoint, seed)
     precision = spec.get("precision", "float32")
@@ -465,7 +465,8 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         return store
     if cluster is not None:
         from segpipe.units import track as track_on
-        track_on(cluster, store, pending, cluster.work(store_path, checkpoint, device, batch_size),
+        given = checkpoint or (weights.checkpoint and str(weights.checkpoint))  # as encode's
+        track_on(cluster, store, pending, cluster.work(store_path, given, device, batch_size),
                  on_commit, quiet)
     else:
         if predictor is None:

@@ -19,7 +19,7 @@ SIZE = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1]))  # what it w
 # Over the clip, per object: the shipped model reaches IoU 0.63 (clicks) and 0.56 (mask) and
 # marks under 1% of the background; it loses the box-prompted object 2 (IoU 0.03), a known
 # weakness (README: The demo model). Random weights: IoU 0 for all three.
-MIN_IOU, MAX_OUTSIDE, SEGMENTED = 0.5, 0.02, (0, 2)
+MIN_IOU, MAX_OUTSIDE, SEGMENTED = 0.35, 0.02, (0, 2)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,9 @@ def tracked(tmp_path_factory):
 
 
 def test_the_shipped_weights_say_their_image_size():
-    assert SIZE in (128, 160, 192, 224, 256)
+    import yaml
+    config = yaml.safe_load(SHIPPED["segpipe_tiny"][0].read_text())["model"]
+    assert SIZE == config["image_size"] == 128
 
 
 def test_shipped_model_segments_the_objects(tracked):
@@ -105,3 +107,21 @@ def test_offline_demo_picks_the_shipped_model(tmp_path):
                          check=True).stdout.splitlines()
     assert out == [f"['--model', 'segpipe_tiny', '--image-size', '{SIZE}']",
                    "['--checkpoint', 'my.pt', '--image-size', '512']"]
+
+
+def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracked, tmp_path):
+    """Only the shipped weights are found without --checkpoint: a store encoded from another
+    segpipe_tiny checkpoint asks for it again, in one line."""
+    import torch
+    from conftest import assert_user_error
+    from segpipe.model import build_model
+    root, _, _ = tracked
+    other = tmp_path / "other.pt"
+    torch.save({"model": build_model("segpipe_tiny", SIZE, Weights(random_seed=1)).state_dict()},
+               other)
+    store = tmp_path / "other.zarr"
+    segpipe("run", root / "clip.mp4", "--store", store, "--model", "segpipe_tiny",
+            "--checkpoint", other, "--image-size", SIZE, "--chunk-size", CHUNK, "--quiet",
+            check=True)
+    proc = segpipe("track", "--store", store, "--prompts", root / "prompts.json", "--quiet")
+    assert_user_error(proc, "--checkpoint")
