@@ -75,17 +75,6 @@ def write_prompts(folder: Path, name: str, masks: np.ndarray, frame: int, direct
     return path
 
 
-def score(name: str, result: np.ndarray, truth: np.ndarray, prompted: int):
-    from segpipe.davis_eval import ObjectScore, VideoScore, boundary_f, jaccard, _mean
-    frames = [t for t in range(1, T - 1) if t != prompted]
-    objects = []
-    for o in range(truth.shape[1]):
-        js = [jaccard(truth[t, o], result[t, o]) for t in frames]
-        fs = [boundary_f(truth[t, o], result[t, o]) for t in frames]
-        objects.append(ObjectScore(o + 1, _mean(js), _mean(fs)))
-    return VideoScore(name, len(frames), tuple(objects))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="segpipe_tiny")
@@ -99,7 +88,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep clips and stores here")
     args = parser.parse_args()
     import segpipe
-    from segpipe.davis_eval import Report
+    from segpipe.davis_eval import Report, score_masks
     from segpipe.model import resolve_weights, trained_size
 
     size = args.image_size or trained_size(resolve_weights(args.model, args.checkpoint, None))
@@ -131,7 +120,7 @@ def main() -> int:
                     got = (run.masks(), run.scores, run.tracked)
                     if first is None:
                         first = got
-                        videos.append(score(name, got[0], truth, frame))
+                        videos.append(score_masks(name, truth, got[0], unscored=(frame,)))
                     elif not all(np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
                                  for a, b in zip(first, got)):
                         print(f"MISMATCH: {name} {direction} chunk {c} differs from chunk "

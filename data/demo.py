@@ -90,13 +90,9 @@ def jf(store: Path, truth_file: Path) -> float:
     """Mean J&F over the clip's objects, each against its own ground truth; first and last
     frames not scored (DAVIS)."""
     import segpipe
-    from segpipe.davis_eval import boundary_f, jaccard
-    truth = np.load(truth_file)["masks"]
+    from segpipe.davis_eval import score_masks
     masks = segpipe.open(store).masks()
-    T = len(truth)
-    per_object = [np.mean([(jaccard(truth[t, o], masks[t, o]) + boundary_f(truth[t, o], masks[t, o])) / 2
-                           for t in range(1, T - 1)]) for o in range(truth.shape[1])]
-    return float(np.mean(per_object))
+    return score_masks("sample", np.load(truth_file)["masks"], masks).jf_mean
 
 
 if __name__ == "__main__":

@@ -276,6 +276,18 @@ class Report(ObjectMeans):
         return "\n".join(out)
 
 
+def score_masks(name: str, truth: np.ndarray, result: np.ndarray, unscored=()) -> VideoScore:
+    """Each object's own masks (T, O, H, W bool) against its own ground truth, as the
+    per-object layout scores them: the first and last frames and `unscored` ones left out."""
+    T = len(truth)
+    frames = [t for t in range(1, T - 1) if t not in unscored]
+    objects = tuple(
+        ObjectScore(o + 1, _mean([jaccard(truth[t, o], result[t, o]) for t in frames]),
+                    _mean([boundary_f(truth[t, o], result[t, o]) for t in frames]))
+        for o in range(truth.shape[1]))
+    return VideoScore(name, len(frames), objects)
+
+
 def _ids(ids) -> str:
     return ", ".join(map(str, ids))
 

@@ -9,6 +9,7 @@ pointer joins the bfloat16 memories, so every other case stays bit-identical.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,6 +135,13 @@ def made_by_shipped_weights(spec: dict) -> bool:
                 and spec["weights"] == Weights(checkpoint=shipped[1]).describe())
 
 
+def for_workers(checkpoint: str | None, weights: Weights) -> str | None:
+    """The checkpoint Dask workers are sent: the one given (a path, or an hf: name they
+    resolve themselves), else the weights resolved here (a shipped model's, found in this
+    checkout), else None (random weights)."""
+    return checkpoint or (str(weights.checkpoint) if weights.checkpoint else None)
+
+
 def trained_size(weights: Weights) -> int | None:
     """The image size a checkpoint says it was trained at (data/train_tiny.py records it;
     official checkpoints do not), else None."""
@@ -149,6 +157,7 @@ def trained_size(weights: Weights) -> int | None:
     return size if isinstance(size, int) else None
 
 
+@functools.lru_cache(maxsize=None)
 def model_widths(model: str) -> tuple[int, int]:
     """(mem_dim, hidden_dim) of `model`: the official configs' 64 and 256, or what a shipped
     config says (read from its YAML, so the storage estimate needs no torch)."""

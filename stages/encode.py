@@ -16,8 +16,8 @@ import torch
 from segpipe import log
 from segpipe.chunks import ChunkPlan
 from segpipe.errors import BadInput, StoreNotReady, StoreMismatch
-from segpipe.model import (DEFAULT_MODEL, autocast, build_model, pick_device, pick_precision,
-                           resolve_weights, trained_size)
+from segpipe.model import (DEFAULT_MODEL, autocast, build_model, for_workers, pick_device,
+                           pick_precision, resolve_weights, trained_size)
 from segpipe.lock import holds_store_lock
 from segpipe.retention import drop, has, keep_setting, restored
 from segpipe.store import RunStore, reset_from
@@ -140,9 +140,8 @@ def encode(store_path, model: str = DEFAULT_MODEL, checkpoint: str | None = None
         return store
     if cluster is not None:
         from segpipe.units import encode as encode_on
-        # the shipped weights' path as resolved here (a worker elsewhere has another checkout)
-        given = checkpoint or (weights.checkpoint and str(weights.checkpoint))
-        encode_on(cluster, store, todo, cluster.work(store_path, given, device, batch_size),
+        encode_on(cluster, store, todo,
+                  cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size),
                   quiet)
         log.info(f"encode: {T} frames embedded in {store.path}", quiet)
         return store

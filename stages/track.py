@@ -25,8 +25,8 @@ from segpipe import prompts as prompt_file
 from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in,
                              passes, untracked_chunks)
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.model import (autocast, build_model, made_by_shipped_weights, pick_device, resolve_weights,
-                           tracking_options)
+from segpipe.model import (autocast, build_model, for_workers, made_by_shipped_weights,
+                           pick_device, resolve_weights, tracking_options)
 from segpipe.lock import holds_store_lock
 from segpipe.maskio import mask_chunks, packed_size, write_fill, write_packed
 from segpipe.store import TRACK_ARRAYS, RunStore, reset_from
@@ -465,8 +465,8 @@ def track(store_path, prompts=None, direction: str | None = None, device: str = 
         return store
     if cluster is not None:
         from segpipe.units import track as track_on
-        given = checkpoint or (weights.checkpoint and str(weights.checkpoint))  # as encode's
-        track_on(cluster, store, pending, cluster.work(store_path, given, device, batch_size),
+        track_on(cluster, store, pending,
+                 cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size),
                  on_commit, quiet)
     else:
         if predictor is None:
