@@ -12,6 +12,7 @@ worker gets the client's torch thread count (OMP_NUM_THREADS where set, else the
 to keep N workers from oversubscribing the cores; one process uses torch's default unless
 OMP_NUM_THREADS is set.
 """
+
 import argparse
 import shutil
 import statistics
@@ -23,10 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
+import make_sample  # noqa: E402
 from bench_dataset import make_dataset  # noqa: E402
 from measure import looped_clip, measure, segpipe, table  # noqa: E402
-
-import make_sample  # noqa: E402
 
 MODES = [("one process", []), ("1 worker", ["--workers", 1]), ("2 workers", ["--workers", 2])]
 
@@ -41,15 +41,25 @@ def bench_encode(tmp: Path, frames: int, size: int, chunk: int) -> list[list]:
     base, _ = make_sample.make_clip(num_frames=48, width=640, height=480, seed=2)
     clip = looped_clip(tmp / "clip.mp4", base, frames)
     decoded = tmp / "decoded.zarr"
-    measure(segpipe("decode", clip, "--store", decoded, "--chunk-size", chunk, "--image-size", size))
+    measure(
+        segpipe("decode", clip, "--store", decoded, "--chunk-size", chunk, "--image-size", size)
+    )
     rows = []
     for name, flags in MODES:
         store = tmp / f"encode-{len(rows)}.zarr"
         shutil.copytree(decoded, store)
-        seconds, mib, _ = measure(segpipe("encode", "--store", store, "--random-weights", 0,
-                                          "--device", "cpu", *flags))
-        rows.append([f"encode {frames} frames, {name}", seconds, frames / seconds,
-                     steady_fps(store, chunk), mib])
+        seconds, mib, _ = measure(
+            segpipe("encode", "--store", store, "--random-weights", 0, "--device", "cpu", *flags)
+        )
+        rows.append(
+            [
+                f"encode {frames} frames, {name}",
+                seconds,
+                frames / seconds,
+                steady_fps(store, chunk),
+                mib,
+            ]
+        )
     return rows
 
 
@@ -58,13 +68,37 @@ def bench_dataset(tmp: Path, videos: int, frames: int, size: int, chunk: int) ->
     rows = []
     for name, flags in MODES:
         out = tmp / f"out-{len(rows)}"
-        seconds, mib, _ = measure(segpipe(
-            "dataset", "--base-video-dir", root / "JPEGImages", "--input-mask-dir",
-            root / "Annotations", "--output-mask-dir", out, "--work-dir", tmp / f"work-{len(rows)}",
-            "--image-size", size, "--chunk-size", chunk, "--random-weights", 0, "--device", "cpu",
-            *flags))
-        rows.append([f"dataset {videos} x {frames} frames, {name}", seconds,
-                     videos * frames / seconds, float("nan"), mib])
+        seconds, mib, _ = measure(
+            segpipe(
+                "dataset",
+                "--base-video-dir",
+                root / "JPEGImages",
+                "--input-mask-dir",
+                root / "Annotations",
+                "--output-mask-dir",
+                out,
+                "--work-dir",
+                tmp / f"work-{len(rows)}",
+                "--image-size",
+                size,
+                "--chunk-size",
+                chunk,
+                "--random-weights",
+                0,
+                "--device",
+                "cpu",
+                *flags,
+            )
+        )
+        rows.append(
+            [
+                f"dataset {videos} x {frames} frames, {name}",
+                seconds,
+                videos * frames / seconds,
+                float("nan"),
+                mib,
+            ]
+        )
     return rows
 
 
@@ -72,12 +106,13 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
     """Per chunk: encode in process (model built, frames on disk) and as a Dask task on one
     warm worker, one task at a time; then a task whose chunk is done (its round trip: the
     lease check, the store opened, the ledger read)."""
-    from segpipe.cluster import Cluster, _client, worker_threads
-    from segpipe.lock import store_lock
+    from segpipe.dask.client import Cluster, _client, worker_threads
+    from segpipe.dask.tasks import encode_task
     from segpipe.model import Weights, build_model
     from segpipe.stages.encode import FramesOnDisk, encode_chunk
-    from segpipe.store import RunStore
-    from segpipe.units import encode_task
+    from segpipe.store.lock import store_lock
+    from segpipe.store.runstore import RunStore
+
     base, _ = make_sample.make_clip(num_frames=chunks * chunk, width=320, height=240, seed=4)
     clip = tmp / "short.mp4"
     make_sample.write_video(clip, base)
@@ -105,14 +140,17 @@ def bench_overhead(tmp: Path, size: int, chunk: int, chunks: int) -> list[list]:
         def undone(k):  # the chunk's ledger entry gone: the task encodes it
             run.ledger("encode").undo(k)
             return task(k)
+
         task(0)  # the worker's model built
         dask = [undone(k) for k in range(chunks)]
         noop = [task(k) for k in range(chunks)]
     ms = [1000 * statistics.median(v) for v in (here, dask, noop)]
-    return [[f"a chunk of {chunk} frames encoded in process", ms[0]],
-            ["the same chunk encoded by a Dask task", ms[1]],
-            ["a Dask task whose chunk is done (round trip)", ms[2]],
-            ["Dask's cost per chunk (task - in process)", ms[1] - ms[0]]]
+    return [
+        [f"a chunk of {chunk} frames encoded in process", ms[0]],
+        ["the same chunk encoded by a Dask task", ms[1]],
+        ["a Dask task whose chunk is done (round trip)", ms[2]],
+        ["Dask's cost per chunk (task - in process)", ms[1] - ms[0]],
+    ]
 
 
 def main():
@@ -132,10 +170,16 @@ def main():
         tmp = Path(tmp)
         rows = bench_encode(tmp, args.frames, args.image_size, args.chunk_size)
         rows += bench_dataset(tmp, args.videos, args.video_frames, args.image_size, args.chunk_size)
-        print(table(["run", "wall s", "frames/s", "steady frames/s", "peak MiB (one process)"], rows))
+        print(
+            table(["run", "wall s", "frames/s", "steady frames/s", "peak MiB (one process)"], rows)
+        )
         print()
-        print(table(["per chunk", "ms (median)"],
-                    bench_overhead(tmp, args.image_size, args.chunk_size, args.overhead_chunks)))
+        print(
+            table(
+                ["per chunk", "ms (median)"],
+                bench_overhead(tmp, args.image_size, args.chunk_size, args.overhead_chunks),
+            )
+        )
 
 
 if __name__ == "__main__":

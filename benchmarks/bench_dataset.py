@@ -8,6 +8,7 @@ The reference is the tests' oracle (`tests/vos_oracle.py`: SAM 2's predictor, `i
 on the folder, `add_new_mask`, `propagate_in_video`, outputs collected, then written), run
 over the videos one after another in one process, as the tool runs.
 """
+
 import argparse
 import sys
 import tempfile
@@ -19,9 +20,8 @@ from PIL import Image
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
-from measure import measure, python, segpipe, table  # noqa: E402
-
 import make_sample  # noqa: E402
+from measure import measure, python, segpipe, table  # noqa: E402
 
 THEIRS = """
 import sys
@@ -59,18 +59,56 @@ def main():
     for n in args.frames:
         with tempfile.TemporaryDirectory() as tmp:
             root = make_dataset(Path(tmp) / "ds", args.videos, n)
-            ours_s, ours_mib, _ = measure(segpipe(
-                "dataset", "--base-video-dir", root / "JPEGImages", "--input-mask-dir",
-                root / "Annotations", "--output-mask-dir", Path(tmp) / "ours",
-                "--work-dir", Path(tmp) / "work", "--image-size", 256, "--chunk-size", 16,
-                "--random-weights", 0, "--device", "cpu"))
+            ours_s, ours_mib, _ = measure(
+                segpipe(
+                    "dataset",
+                    "--base-video-dir",
+                    root / "JPEGImages",
+                    "--input-mask-dir",
+                    root / "Annotations",
+                    "--output-mask-dir",
+                    Path(tmp) / "ours",
+                    "--work-dir",
+                    Path(tmp) / "work",
+                    "--image-size",
+                    256,
+                    "--chunk-size",
+                    16,
+                    "--random-weights",
+                    0,
+                    "--device",
+                    "cpu",
+                )
+            )
             theirs_s, theirs_mib, _ = measure(python(THEIRS) + [root, Path(tmp) / "theirs"])
-            same = all((Path(tmp) / "ours" / p.relative_to(Path(tmp) / "theirs")).read_bytes()
-                       == p.read_bytes() for p in (Path(tmp) / "theirs").rglob("*.png"))
-            rows.append([f"{args.videos} x {n}", ours_mib, theirs_mib, ours_s, theirs_s,
-                         "yes" if same else "NO"])
-    print(table(["dataset", "ours peak MiB", "vos_inference peak MiB", "ours s",
-                 "vos_inference s", "same PNG bytes"], rows))
+            same = all(
+                (Path(tmp) / "ours" / p.relative_to(Path(tmp) / "theirs")).read_bytes()
+                == p.read_bytes()
+                for p in (Path(tmp) / "theirs").rglob("*.png")
+            )
+            rows.append(
+                [
+                    f"{args.videos} x {n}",
+                    ours_mib,
+                    theirs_mib,
+                    ours_s,
+                    theirs_s,
+                    "yes" if same else "NO",
+                ]
+            )
+    print(
+        table(
+            [
+                "dataset",
+                "ours peak MiB",
+                "vos_inference peak MiB",
+                "ours s",
+                "vos_inference s",
+                "same PNG bytes",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 Bare = PyAV decode + conversion to RGB arrays (what any consumer of frames pays).
 Prints frames/s of both, their ratio, and peak RSS at each clip length.
 """
+
 import argparse
 import sys
 import tempfile
@@ -11,9 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
-
 import make_sample  # noqa: E402
+from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 
 BARE = """
 import av, sys
@@ -46,15 +46,49 @@ def main():
             looped_clip(clip, base, n)
             bare_s, bare_rss, _ = measure(python(BARE) + [str(clip)])
             resize_s, _, _ = measure(python(RESIZE) + [str(clip), str(args.image_size)])
-            ours_s, ours_rss, _ = measure(segpipe("decode", clip, "--store", Path(tmp) / f"s{n}.zarr",
-                                                  "--image-size", args.image_size,
-                                                  "--chunk-size", args.chunk_size))
-            rows.append([n, n / bare_s, n / resize_s, n / ours_s, bare_s / ours_s,
-                         resize_s / ours_s, bare_rss, ours_rss])
-    print(f"decode, 640x480 H.264 -> {args.image_size}x{args.image_size}, chunk {args.chunk_size} "
-          f"(process start included)")
-    print(table(["frames", "bare fps", "bare+resize fps", "segpipe fps", "ratio to bare",
-                 "ratio to bare+resize", "bare RSS MiB", "segpipe RSS MiB"], rows))
+            ours_s, ours_rss, _ = measure(
+                segpipe(
+                    "decode",
+                    clip,
+                    "--store",
+                    Path(tmp) / f"s{n}.zarr",
+                    "--image-size",
+                    args.image_size,
+                    "--chunk-size",
+                    args.chunk_size,
+                )
+            )
+            rows.append(
+                [
+                    n,
+                    n / bare_s,
+                    n / resize_s,
+                    n / ours_s,
+                    bare_s / ours_s,
+                    resize_s / ours_s,
+                    bare_rss,
+                    ours_rss,
+                ]
+            )
+    print(
+        f"decode, 640x480 H.264 -> {args.image_size}x{args.image_size}, chunk {args.chunk_size} "
+        f"(process start included)"
+    )
+    print(
+        table(
+            [
+                "frames",
+                "bare fps",
+                "bare+resize fps",
+                "segpipe fps",
+                "ratio to bare",
+                "ratio to bare+resize",
+                "bare RSS MiB",
+                "segpipe RSS MiB",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

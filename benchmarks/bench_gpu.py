@@ -9,6 +9,7 @@ synthetic 300-frame clip, both under bfloat16 autocast (SAM 2's GPU usage). On t
 runs small (`--size 128 --frames 6`) as the smoke test `make test` runs. Random weights:
 speed and parity do not depend on them (`--checkpoint` takes real ones for one model).
 """
+
 import argparse
 import json
 import shutil
@@ -27,6 +28,7 @@ from measure import table  # noqa: E402
 
 def peak_reset(device: str) -> None:
     import torch
+
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -34,6 +36,7 @@ def peak_reset(device: str) -> None:
 
 def peak_mib(device: str) -> float | str:
     import torch
+
     if device == "cuda":
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**20
@@ -41,19 +44,21 @@ def peak_mib(device: str) -> float | str:
 
 
 def bench_model(name: str, args, root: Path) -> dict:
+    import make_sample
     import numpy as np
     import torch
-    import make_sample
     from oracle import oracle_tracking
+
     from segpipe.model import Weights, build_model, pick_device, pick_precision, resolve_weights
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
-    from segpipe.stages.track import track
+    from segpipe.stages.track.stage import track
 
     device = pick_device(args.device)
     precision = pick_precision(None, device)
-    weights = (resolve_weights(name, args.checkpoint, None) if args.checkpoint
-               else Weights(random_seed=0))
+    weights = (
+        resolve_weights(name, args.checkpoint, None) if args.checkpoint else Weights(random_seed=0)
+    )
     frames, masks = make_sample.make_clip(num_frames=args.frames, width=640, height=480)
     make_sample.write_video(root / "clip.mp4", frames)
     make_sample.write_prompts(root, masks, frames=(0, 1, 2))
@@ -67,22 +72,37 @@ def bench_model(name: str, args, root: Path) -> dict:
     decode(root / "clip.mp4", store, args.chunk_size, args.size, quiet=True)
     decoded = time.perf_counter()
     peak_reset(device)
-    encode(store, name, args.checkpoint, seed, device, args.batch_size, quiet=True,
-           predictor=model, precision=precision)
+    encode(
+        store,
+        name,
+        args.checkpoint,
+        seed,
+        device,
+        args.batch_size,
+        quiet=True,
+        predictor=model,
+        precision=precision,
+    )
     encoded = time.perf_counter()
     track(store, prompts, "forward", device, args.checkpoint, quiet=True, predictor=model)
     tracked = time.perf_counter()
     ours_peak = peak_mib(device)
 
     import zarr
+
     group = zarr.open_group(str(store), mode="r")
     ours_masks, ours_scores = group["masks"][...], group["object_scores"][...]
-    row = {"model": name, "device": device, "precision": precision, "size": args.size,
-           "frames": args.frames,
-           "segpipe encode fps": args.frames / (encoded - decoded),
-           "segpipe track fps": args.frames / (tracked - encoded),
-           "segpipe end-to-end fps": args.frames / (tracked - start),
-           "segpipe peak MiB": ours_peak}
+    row = {
+        "model": name,
+        "device": device,
+        "precision": precision,
+        "size": args.size,
+        "frames": args.frames,
+        "segpipe encode fps": args.frames / (encoded - decoded),
+        "segpipe track fps": args.frames / (tracked - encoded),
+        "segpipe end-to-end fps": args.frames / (tracked - start),
+        "segpipe peak MiB": ours_peak,
+    }
     variants = ["official"]
     if device == "cuda" and not args.no_vos_optimized:
         variants.append("official vos_optimized")
@@ -90,19 +110,25 @@ def bench_model(name: str, args, root: Path) -> dict:
         predictor = model
         if label != "official":  # built only now: its weights are not in the plain run's peak
             from sam2.build_sam import build_sam2_video_predictor
+
             from segpipe.model import OFFICIAL
+
             torch._dynamo.reset()
             predictor = build_sam2_video_predictor(
-                OFFICIAL[name][0], device=device, vos_optimized=True,
-                hydra_overrides_extra=[f"++model.image_size={args.size}"])
+                OFFICIAL[name][0],
+                device=device,
+                vos_optimized=True,
+                hydra_overrides_extra=[f"++model.image_size={args.size}"],
+            )
             predictor.load_state_dict(model.state_dict())
             # warm-up: torch.compile's first calls compile (minutes), not measured
             oracle_tracking(store, prompts, predictor, precision=precision, directions=("forward",))
         peak_reset(device)
         # the time inside propagate_in_video (it encodes the frames), as SAM 2's own
         # benchmark measures; writing and loading the frame folder is setup
-        result = oracle_tracking(store, prompts, predictor, precision=precision,
-                                 directions=("forward",))
+        result = oracle_tracking(
+            store, prompts, predictor, precision=precision, directions=("forward",)
+        )
         row[f"{label} fps"] = args.frames / result.seconds
         row[f"{label} peak MiB"] = peak_mib(device)
         row[f"{label} mask pixels differing"] = int((result.masks["forward"] != ours_masks).sum())
@@ -128,15 +154,22 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
     import torch
-    print(f"torch {torch.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else ""))
+
+    print(
+        f"torch {torch.__version__}, device {args.device}"
+        + (f" ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "")
+    )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             rows.append(bench_model(name, args, Path(tmp)))
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    print(table(["measure"] + [r["model"] for r in rows],
-                [[k] + [r.get(k, "") for r in rows] for k in keys if k != "model"]))
+    print(
+        table(
+            ["measure"] + [r["model"] for r in rows],
+            [[k] + [r.get(k, "") for r in rows] for k in keys if k != "model"],
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

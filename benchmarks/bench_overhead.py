@@ -9,6 +9,7 @@ measured). Each command runs in a fresh process, beside `python -c "import torch
 command that tracks pays before it starts); then the same ledger and plan calls are timed
 alone, in process.
 """
+
 import argparse
 import json
 import statistics
@@ -25,25 +26,40 @@ from measure import measure, python, segpipe, table  # noqa: E402
 STAGES = ("decode", "encode", "track_forward", "track_reverse", "export_davis")
 
 
-def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int]) -> tuple[Path, Path]:
+def build_store(
+    tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int]
+) -> tuple[Path, Path]:
     """A finished store of T frames (arrays as metadata, complete ledgers) and its davis output."""
     import numpy as np
+
     from segpipe import prompts as prompt_file
-    from segpipe.chunks import ChunkPlan, pass_chunks
-    from segpipe.store import RunStore, file_identity
-    from segpipe.stages.encode import LEVELS
-    from segpipe.stages.track import prepare, tracking_settings
-    from segpipe.track_settings import OPTIONS
+    from segpipe.plan import ChunkPlan, pass_chunks
+    from segpipe.sources.identity import file_identity
+    from segpipe.stages.track.stage import prepare, tracking_settings
+    from segpipe.store.features import LEVELS
+    from segpipe.store.runstore import RunStore
+    from segpipe.store.tracking import OPTIONS
 
     W, H = 64, 48
     source = tmp / "clip.mp4"
     source.write_bytes(b"not decoded: the commands measured never read the source")
     store_path, out = tmp / "long.zarr", tmp / "long_davis"
-    store = RunStore.create(store_path, {
-        "source": {"path": str(source.resolve()), **file_identity(source)},
-        "video": {"width": W, "height": H, "fps": 30.0, "frame_rate": "30/1",
-                  "time_base": "1/15360", "claimed_frames": T},
-        "chunk_size": C, "image_size": S})
+    store = RunStore.create(
+        store_path,
+        {
+            "source": {"path": str(source.resolve()), **file_identity(source)},
+            "video": {
+                "width": W,
+                "height": H,
+                "fps": 30.0,
+                "frame_rate": "30/1",
+                "time_base": "1/15360",
+                "claimed_frames": T,
+            },
+            "chunk_size": C,
+            "image_size": S,
+        },
+    )
     # decode's arrays and attributes
     store.create_array("frames", (T, S, S, 3), (C, S, S, 3), "uint8")
     store.create_array("pts", (T,), (C,), "int64", fill_value=-1, compress=False)
@@ -51,42 +67,76 @@ def build_store(tmp: Path, T: int, C: int, S: int, prompt_frames: tuple[int, int
     store.set_attrs(frame_count=T, decode_warning=None)
     # encode's
     for name, (ch, div) in zip(LEVELS, ((32, 4), (64, 8), (256, 16))):
-        store.create_array(name, (T, ch, S // div, S // div), (C, ch, S // div, S // div), "float32",
-                           compress=False, attributes={"embedding_dtype": "float32",
-                                                       "memory_format": "contiguous"})
-    store.set_attrs(model={"name": "sam2.1_hiera_t", "image_size": S,
-                           "weights": {"random_seed": 0}, "embedding_dtype": "float32"})
+        store.create_array(
+            name,
+            (T, ch, S // div, S // div),
+            (C, ch, S // div, S // div),
+            "float32",
+            compress=False,
+            attributes={"embedding_dtype": "float32", "memory_format": "contiguous"},
+        )
+    store.set_attrs(
+        model={
+            "name": "sam2.1_hiera_t",
+            "image_size": S,
+            "weights": {"random_seed": 0},
+            "embedding_dtype": "float32",
+        }
+    )
     # track's: prompts through the stage's own `prepare` (masks, object_scores, tracked, attrs)
     prompts_file = tmp / "prompts.json"
-    prompts_file.write_text(json.dumps({"prompts": [
-        {"object": 1, "frame": prompt_frames[0], "points": [[20, 20]], "labels": [1]},
-        {"object": 2, "frame": prompt_frames[1], "box": [30, 10, 60, 40]}]}))
+    prompts_file.write_text(
+        json.dumps(
+            {
+                "prompts": [
+                    {"object": 1, "frame": prompt_frames[0], "points": [[20, 20]], "labels": [1]},
+                    {"object": 2, "frame": prompt_frames[1], "box": [30, 10, 60, 40]},
+                ]
+            }
+        )
+    )
     prompts = prompt_file.load(prompts_file, T, W, H)
-    prepare(store, prompts, tracking_settings(prompts, "both", dict(OPTIONS)), again=True,
-            quiet=True)
+    prepare(
+        store, prompts, tracking_settings(prompts, "both", dict(OPTIONS)), again=True, quiet=True
+    )
     # export davis's record, as a finished export leaves it
     track = store.attrs["track"]
     out.mkdir()
-    store.set_attrs(exports={"davis": {"out": str(out.resolve()), "frames": [0, T],
-                                       "objects": track["object_ids"], "track": track["prompts_sha256"],
-                                       "direction": "both", "complete": True}})
+    store.set_attrs(
+        exports={
+            "davis": {
+                "out": str(out.resolve()),
+                "frames": [0, T],
+                "objects": track["object_ids"],
+                "track": track["prompts_sha256"],
+                "direction": "both",
+                "complete": True,
+            }
+        }
+    )
     # ledgers: one zarr assignment each over the chunks the stage records
     plan = ChunkPlan(T, C)
     start = track["start_frame"]
-    done = {"decode": list(plan), "encode": list(plan), "export_davis": list(plan),
-            "track_forward": pass_chunks(plan, "forward", start),
-            "track_reverse": pass_chunks(plan, "reverse", start)}
+    done = {
+        "decode": list(plan),
+        "encode": list(plan),
+        "export_davis": list(plan),
+        "track_forward": pass_chunks(plan, "forward", start),
+        "track_reverse": pass_chunks(plan, "reverse", start),
+    }
     for stage in STAGES:
         chunks = done[stage]
-        arr = store.create_array(f"ledger/{stage}", (max(chunks) + 1,), (1,), "uint8", compress=False)
-        arr[min(chunks):max(chunks) + 1] = 1
+        arr = store.create_array(
+            f"ledger/{stage}", (max(chunks) + 1,), (1,), "uint8", compress=False
+        )
+        arr[min(chunks) : max(chunks) + 1] = 1
     return store_path, out
 
 
 def in_process(store_path: Path, repeat: int) -> list[list]:
     """The ledger and plan calls alone: best of `repeat`, each on a freshly opened store."""
-    from segpipe.chunks import ChunkPlan, pass_chunks
-    from segpipe.store import RunStore
+    from segpipe.plan import ChunkPlan, pass_chunks
+    from segpipe.store.runstore import RunStore
 
     def best(fn):
         times = []
@@ -124,8 +174,12 @@ def in_process(store_path: Path, repeat: int) -> list[list]:
         ["RunStore.open + done() x5 of the 5 ledgers", best(done_five_times)],
         ["RunStore.open + todo(all chunks) of the 5 ledgers", best(todo_all)],
         ["RunStore.open + count() of the 5 ledgers", best(count_all)],
-        ["pass_chunks forward + reverse", best(lambda: (pass_chunks(plan, "forward", start),
-                                                         pass_chunks(plan, "reverse", start)))],
+        [
+            "pass_chunks forward + reverse",
+            best(
+                lambda: (pass_chunks(plan, "forward", start), pass_chunks(plan, "reverse", start))
+            ),
+        ],
     ]
 
 
@@ -150,16 +204,20 @@ def main():
         commands = [
             ("segpipe status", segpipe("status", "--store", store)[:-1]),  # status has no --quiet
             ("segpipe track (complete)", segpipe("track", "--store", store)),
-            ("segpipe export davis (complete)", segpipe("export", "--store", store, "--format",
-                                                        "davis", "--out", out)),
+            (
+                "segpipe export davis (complete)",
+                segpipe("export", "--store", store, "--format", "davis", "--out", out),
+            ),
         ]
         rows = []
         for name, argv in commands:
             seconds = run(argv)
             rows.append([name, seconds, torch_s, seconds - torch_s])
         inproc = in_process(store, args.repeat)
-    print(f"overhead, {T} frames at chunk size {C} ({-(-T // C)} chunks), every ledger complete "
-          f"(store built in {built:.1f} s; median of {args.repeat} fresh processes)")
+    print(
+        f"overhead, {T} frames at chunk size {C} ({-(-T // C)} chunks), every ledger complete "
+        f"(store built in {built:.1f} s; median of {args.repeat} fresh processes)"
+    )
     print(table(["command", "seconds", "python -c 'import torch' s", "difference s"], rows))
     print()
     print(f"in process (best of {args.repeat})")

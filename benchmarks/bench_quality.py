@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tracking quality: J&F (DAVIS 2017 definitions, `segpipe.davis_eval`) of a model on held-out
+"""Tracking quality: J&F (DAVIS 2017 definitions, `segpipe.vos.davis`) of a model on held-out
 synthetic clips, run through the whole pipeline (H.264 video, decode, encode, track).
 
 Held out from `data/train_tiny.py`'s training clips: other seeds (1,000,001-1,000,003;
@@ -22,6 +22,7 @@ see chunks), and the script exits 1 if they are not.
     python benchmarks/bench_quality.py --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt \
         --image-size 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,9 @@ T, WIDTH, HEIGHT = 48, 320, 240
 CLIPS = {  # name -> make_clip arguments
     "orbit": dict(seed=1_000_001, motions=("orbit",), num_objects=3, distractors=2),
     "bounce": dict(seed=1_000_002, motions=("bounce",), num_objects=2, distractors=3),
-    "occlusion": dict(seed=1_000_003, motions=("orbit", "bounce"), num_objects=3, distractors=1,
-                      occluder=True),
+    "occlusion": dict(
+        seed=1_000_003, motions=("orbit", "bounce"), num_objects=3, distractors=1, occluder=True
+    ),
 }
 CHUNK_SIZES = (1, 16, T)
 
@@ -79,17 +81,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="segpipe_tiny")
     parser.add_argument("--checkpoint", default=None, help="default: the model's shipped weights")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="default: the size the weights were trained at, if they say")
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="default: the size the weights were trained at, if they say",
+    )
     parser.add_argument("--directions", default="forward,both")
     parser.add_argument("--chunk-sizes", default=",".join(map(str, CHUNK_SIZES)))
-    parser.add_argument("--non-overlap", action="store_true",
-                        help="each pixel to one object (SAM 2's non_overlap_masks, as vos_inference runs DAVIS)")
+    parser.add_argument(
+        "--non-overlap",
+        action="store_true",
+        help="each pixel to one object (SAM 2's non_overlap_masks, as vos_inference runs DAVIS)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep clips and stores here")
     args = parser.parse_args()
     import segpipe
-    from segpipe.davis_eval import Report, score_masks
     from segpipe.model import resolve_weights, trained_size
+    from segpipe.vos.davis import Report, score_masks
 
     size = args.image_size or trained_size(resolve_weights(args.model, args.checkpoint, None))
     if size is None:
@@ -112,29 +121,57 @@ def main() -> int:
                 for c in chunk_sizes:
                     store = folder / f"{name}_{direction}_c{c}.zarr"
                     began = time.perf_counter()
-                    run = segpipe.run(video, store, prompts, chunk_size=c, image_size=size,
-                                      model=args.model, checkpoint=args.checkpoint,
-                                      direction=direction, non_overlap=args.non_overlap,
-                                      exports=[], progress=False, force=True)
+                    run = segpipe.run(
+                        video,
+                        store,
+                        prompts,
+                        chunk_size=c,
+                        image_size=size,
+                        model=args.model,
+                        checkpoint=args.checkpoint,
+                        direction=direction,
+                        non_overlap=args.non_overlap,
+                        exports=[],
+                        progress=False,
+                        force=True,
+                    )
                     seconds += time.perf_counter() - began
                     got = (run.masks(), run.scores, run.tracked)
                     if first is None:
                         first = got
                         videos.append(score_masks(name, truth, got[0], unscored=(frame,)))
-                    elif not all(np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
-                                 for a, b in zip(first, got)):
-                        print(f"MISMATCH: {name} {direction} chunk {c} differs from chunk "
-                              f"{chunk_sizes[0]}", file=sys.stderr)
+                    elif not all(
+                        np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+                        for a, b in zip(first, got)
+                    ):
+                        print(
+                            f"MISMATCH: {name} {direction} chunk {c} differs from chunk "
+                            f"{chunk_sizes[0]}",
+                            file=sys.stderr,
+                        )
                         same = False
             failed = failed or not same
             report = Report(tuple(videos), layout="per-object")
-            print(f"\n## {args.model} ({args.checkpoint or 'shipped weights'}), {direction}, "
-                  f"prompt frames: {', '.join(frames)}, image size {size}")
+            print(
+                f"\n## {args.model} ({args.checkpoint or 'shipped weights'}), {direction}, "
+                f"prompt frames: {', '.join(frames)}, image size {size}"
+            )
             print(report.table())
-            rows.append((direction, report.j_mean, report.f_mean, report.jf_mean,
-                         "identical" if same else "DIFFERENT", seconds))
-    print("\n| direction | J | F | J&F | chunk sizes " + "/".join(map(str, chunk_sizes))
-          + " | pipeline s (all chunk sizes) |\n| --- | --- | --- | --- | --- | --- |")
+            rows.append(
+                (
+                    direction,
+                    report.j_mean,
+                    report.f_mean,
+                    report.jf_mean,
+                    "identical" if same else "DIFFERENT",
+                    seconds,
+                )
+            )
+    print(
+        "\n| direction | J | F | J&F | chunk sizes "
+        + "/".join(map(str, chunk_sizes))
+        + " | pipeline s (all chunk sizes) |\n| --- | --- | --- | --- | --- | --- |"
+    )
     for d, j, f, jf, same, s in rows:
         print(f"| {d} | {j:.3f} | {f:.3f} | {jf:.3f} | {same} | {s:.0f} |")
     return 1 if failed else 0

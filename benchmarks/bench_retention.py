@@ -10,6 +10,7 @@ byte); the script exits 1 if they differ or the peak exceeds the bound.
 Clip: synthetic (data/make_sample.py), 320x240, image size 256, chunk 32, random weights,
 one object boxed on frame 100 (so both passes run), direction both.
 """
+
 import argparse
 import json
 import os
@@ -25,9 +26,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
-from measure import ROOT, looped_clip, table  # noqa: E402
-
 import make_sample  # noqa: E402
+from measure import ROOT, looped_clip, table  # noqa: E402
 
 S, C = 256, 32
 
@@ -64,8 +64,11 @@ def timed_with_peak(commands: list[list], store: Path) -> tuple[float, int]:
     began = time.perf_counter()
     try:
         for argv in commands:
-            subprocess.run([sys.executable, "-m", "segpipe.cli", *map(str, argv), "--quiet"],
-                           cwd=ROOT, check=True)
+            subprocess.run(
+                [sys.executable, "-m", "segpipe.cli", *map(str, argv), "--quiet"],
+                cwd=ROOT,
+                check=True,
+            )
     finally:
         stop.set()
         sampler.join()
@@ -87,45 +90,115 @@ def main():
             prompts.write_text(json.dumps({"prompts": [{"object": 1, "frame": 100, "box": box}]}))
             common = ["--random-weights", 0]
             staged, masks_store = tmp / "staged.zarr", tmp / "masks.zarr"
-            staged_s, staged_peak = timed_with_peak([
-                ["decode", clip, "--store", staged, "--chunk-size", C, "--image-size", S],
-                ["encode", "--store", staged, *common],
-                ["track", "--store", staged, "--prompts", prompts],
-                ["export", "--store", staged, "--format", "davis", "--out", tmp / "staged_davis"],
-            ], staged)
-            ours_s, ours_peak = timed_with_peak([
-                ["run", clip, "--store", masks_store, "--prompts", prompts, "--chunk-size", C,
-                 "--image-size", S, *common, "--keep", "masks", "--export", "davis"],
-            ], masks_store)
-            same = same_results(staged, masks_store) and same_files(tmp / "staged_davis",
-                                                                    tmp / "masks.export" / "davis")
+            staged_s, staged_peak = timed_with_peak(
+                [
+                    ["decode", clip, "--store", staged, "--chunk-size", C, "--image-size", S],
+                    ["encode", "--store", staged, *common],
+                    ["track", "--store", staged, "--prompts", prompts],
+                    [
+                        "export",
+                        "--store",
+                        staged,
+                        "--format",
+                        "davis",
+                        "--out",
+                        tmp / "staged_davis",
+                    ],
+                ],
+                staged,
+            )
+            ours_s, ours_peak = timed_with_peak(
+                [
+                    [
+                        "run",
+                        clip,
+                        "--store",
+                        masks_store,
+                        "--prompts",
+                        prompts,
+                        "--chunk-size",
+                        C,
+                        "--image-size",
+                        S,
+                        *common,
+                        "--keep",
+                        "masks",
+                        "--export",
+                        "davis",
+                    ],
+                ],
+                masks_store,
+            )
+            same = same_results(staged, masks_store) and same_files(
+                tmp / "staged_davis", tmp / "masks.export" / "davis"
+            )
             final = group_bytes(masks_store)
             full = group_bytes(staged)
             per_chunk = (full["frames"] + full["features"]) / (-(-T // C))
-            bound = final["masks"] + final["object_scores"] + final["tracked"] + final["memory"] \
+            bound = (
+                final["masks"]
+                + final["object_scores"]
+                + final["tracked"]
+                + final["memory"]
                 + 3 * per_chunk
-            rows.append([T, "staged --keep all", staged_s, staged_peak / 2**20,
-                         tree_bytes(staged) / 2**20, "", ""])
-            rows.append([T, "run --keep masks", ours_s, ours_peak / 2**20,
-                         tree_bytes(masks_store) / 2**20, bound / 2**20,
-                         "yes" if same else "NO"])
+            )
+            rows.append(
+                [
+                    T,
+                    "staged --keep all",
+                    staged_s,
+                    staged_peak / 2**20,
+                    tree_bytes(staged) / 2**20,
+                    "",
+                    "",
+                ]
+            )
+            rows.append(
+                [
+                    T,
+                    "run --keep masks",
+                    ours_s,
+                    ours_peak / 2**20,
+                    tree_bytes(masks_store) / 2**20,
+                    bound / 2**20,
+                    "yes" if same else "NO",
+                ]
+            )
             failed |= not same or ours_peak > bound
-    print(table(["frames", "how", "wall s", "peak MiB", "final MiB",
-                 "bound MiB (masks+memory+3 chunks)", "results identical"], rows))
+    print(
+        table(
+            [
+                "frames",
+                "how",
+                "wall s",
+                "peak MiB",
+                "final MiB",
+                "bound MiB (masks+memory+3 chunks)",
+                "results identical",
+            ],
+            rows,
+        )
+    )
     sys.exit(1 if failed else 0)
 
 
 def same_results(a: Path, b: Path) -> bool:
-    from segpipe.store import RunStore
+    from segpipe.store.runstore import RunStore
+
     sa, sb = RunStore.open(a, read_only=True), RunStore.open(b, read_only=True)
-    return all(np.array_equal(sa.read(n), sb.read(n), equal_nan=n == "object_scores")
-               for n in ("masks", "object_scores", "tracked"))
+    return all(
+        np.array_equal(sa.read(n), sb.read(n), equal_nan=n == "object_scores")
+        for n in ("masks", "object_scores", "tracked")
+    )
 
 
 def same_files(a: Path, b: Path) -> bool:
     names = sorted(p.relative_to(a) for p in a.rglob("*.png"))
-    return names == sorted(p.relative_to(b) for p in b.rglob("*.png")) and len(names) > 0 \
+    return (
+        names == sorted(p.relative_to(b) for p in b.rglob("*.png"))
+        and len(names) > 0
         and all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 CLI's light commands answer well under a second. Each figure is the median wall time of
 fresh processes (the interpreter's own start-up included).
 """
+
 import argparse
 import statistics
 import sys
@@ -23,12 +24,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, str(ROOT / "data"))
         import make_sample
+
         frames, _ = make_sample.make_clip(num_frames=8, width=64, height=48)
         make_sample.write_video(Path(tmp) / "clip.mp4", frames)
         store = Path(tmp) / "clip.zarr"
         cli = [sys.executable, "-m", "segpipe.cli"]
-        measure(cli + ["decode", Path(tmp) / "clip.mp4", "--store", store, "--image-size", 32,
-                       "--quiet"])
+        measure(
+            cli
+            + ["decode", Path(tmp) / "clip.mp4", "--store", store, "--image-size", 32, "--quiet"]
+        )
         cases = [
             ("python -c 'import torch'", python("import torch")),
             ("python -c 'import segpipe'", python("import segpipe")),

@@ -3,6 +3,7 @@
 peak RSS of the whole `segpipe run` (chunk 16) and of the official predictor, and tracking
 seconds per frame (ours: `segpipe track` from stored embeddings; official: propagate_in_video
 minus the time inside its image encoder)."""
+
 import argparse
 import sys
 import tempfile
@@ -11,14 +12,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "data"))
-from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
-
 import make_sample  # noqa: E402
+from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 
 OURS = """
 import json, sys, time
 from segpipe.model import Weights, build_model
-from segpipe.stages.track import track
+from segpipe.stages.track.stage import track
 model = build_model("sam2.1_hiera_t", int(sys.argv[3]), Weights(random_seed=0))
 start = time.perf_counter()
 track(sys.argv[1], sys.argv[2], "forward", quiet=True, predictor=model, force=True)
@@ -66,6 +66,7 @@ print(json.dumps({"frames": n, "track_s": total - enc[0], "encoder_s": enc[0]}))
 
 def main():
     import json
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[100, 200, 400])
     parser.add_argument("--image-size", type=int, default=256)
@@ -78,21 +79,58 @@ def main():
             clip = Path(tmp) / f"clip{n}.mp4"
             looped_clip(clip, base, n)
             store = Path(tmp) / f"s{n}.zarr"
-            _, run_rss, _ = measure(segpipe(
-                "run", clip, "--store", store, "--prompts", prompts, "--chunk-size", 16,
-                "--image-size", args.image_size, "--random-weights", 0, "--export", "none",
-                "--direction", "forward"))
+            _, run_rss, _ = measure(
+                segpipe(
+                    "run",
+                    clip,
+                    "--store",
+                    store,
+                    "--prompts",
+                    prompts,
+                    "--chunk-size",
+                    16,
+                    "--image-size",
+                    args.image_size,
+                    "--random-weights",
+                    0,
+                    "--export",
+                    "none",
+                    "--direction",
+                    "forward",
+                )
+            )
             _, _, out = measure(python(OURS) + [str(store), str(prompts), str(args.image_size)])
             ours = json.loads(out.strip().splitlines()[-1])
             _, off_rss, out = measure(python(OFFICIAL) + [str(store), str(prompts)])
             official = json.loads(out.strip().splitlines()[-1])
-            rows.append([n, run_rss, off_rss, ours["track_s"] / n, official["track_s"] / n,
-                         official["track_s"] / ours["track_s"]])
+            rows.append(
+                [
+                    n,
+                    run_rss,
+                    off_rss,
+                    ours["track_s"] / n,
+                    official["track_s"] / n,
+                    official["track_s"] / ours["track_s"],
+                ]
+            )
     print(f"tracking, sam2.1_hiera_t at {args.image_size}, 3 objects, forward, CPU")
-    print(table(["frames", "segpipe run RSS MiB", "official RSS MiB", "segpipe track s/frame",
-                 "official track s/frame", "speed ratio"], rows))
-    print("segpipe track: prompts, reading embeddings, tracking, writing masks and memory; "
-          "official: propagate_in_video less its image encoder; neither counts model build")
+    print(
+        table(
+            [
+                "frames",
+                "segpipe run RSS MiB",
+                "official RSS MiB",
+                "segpipe track s/frame",
+                "official track s/frame",
+                "speed ratio",
+            ],
+            rows,
+        )
+    )
+    print(
+        "segpipe track: prompts, reading embeddings, tracking, writing masks and memory; "
+        "official: propagate_in_video less its image encoder; neither counts model build"
+    )
 
 
 if __name__ == "__main__":

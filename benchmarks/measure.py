@@ -1,4 +1,5 @@
 """Run a command in a fresh process and report its wall time and peak RSS (from wait4)."""
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,19 @@ with open(sys.argv[1], "w") as f:
 def measure(argv: list[str], env: dict | None = None) -> tuple[float, float, str]:
     """(seconds, peak RSS in MiB, stdout) of one process."""
     import json
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile(suffix=".json") as report:
-        subprocess.run([sys.executable, "-c", LAUNCHER, report.name, *map(str, argv)], cwd=ROOT,
-                       env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile(suffix=".json") as report,
+    ):
+        subprocess.run(
+            [sys.executable, "-c", LAUNCHER, report.name, *map(str, argv)],
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=err,
+        )
         result = json.loads(Path(report.name).read_text())
         out.seek(0)
         err.seek(0)
@@ -59,5 +69,6 @@ def looped_clip(path: Path, base, frames: int) -> Path:
     synthetic frames is slow and changes nothing that is measured)."""
     sys.path.insert(0, str(ROOT / "data"))
     import make_sample
+
     make_sample.write_video(path, base[[i % len(base) for i in range(frames)]])
     return path

@@ -5,6 +5,7 @@ Writes into --out: sample.mp4 (H.264, faststart), gt_masks.npz (T, 3, H, W bool,
 1..3), prompts.json (points for object 1, a box for object 2, a mask PNG for object 3, on
 different frames) and obj3_mask.png. Usable as a module: `make_clip`, `write_video`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,14 @@ def make_clip(num_frames: int = 48, width: int = 320, height: int = 240, seed: i
     a diamond moving over a textured background."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width]
-    background = (rng.integers(0, 40, (height, width, 3)) + np.stack(
-        [96 + 40 * np.sin(xx / 23.0), 96 + 40 * np.cos(yy / 17.0), 110 + 0 * xx], -1
-    )).clip(0, 255).astype(np.uint8)
+    background = (
+        (
+            rng.integers(0, 40, (height, width, 3))
+            + np.stack([96 + 40 * np.sin(xx / 23.0), 96 + 40 * np.cos(yy / 17.0), 110 + 0 * xx], -1)
+        )
+        .clip(0, 255)
+        .astype(np.uint8)
+    )
     frames = np.empty((num_frames, height, width, 3), np.uint8)
     masks = np.zeros((num_frames, len(OBJECT_IDS), height, width), bool)
     r = min(width, height) / 10
@@ -39,7 +45,7 @@ def make_clip(num_frames: int = 48, width: int = 320, height: int = 240, seed: i
             (width * (0.5 + 0.2 * np.cos(phase)), height * (0.72 - 0.08 * np.sin(phase))),
         ]
         (x0, y0), (x1, y1), (x2, y2) = centres
-        masks[t, 0] = (xx - x0) ** 2 + (yy - y0) ** 2 <= r ** 2
+        masks[t, 0] = (xx - x0) ** 2 + (yy - y0) ** 2 <= r**2
         masks[t, 1] = (np.abs(xx - x1) <= r) & (np.abs(yy - y1) <= r)
         masks[t, 2] = np.abs(xx - x2) + np.abs(yy - y2) <= 1.3 * r
         img = background.copy()
@@ -49,8 +55,13 @@ def make_clip(num_frames: int = 48, width: int = 320, height: int = 240, seed: i
     return frames, masks
 
 
-def write_video(path: Path, frames: np.ndarray, fps: int = 24, codec: str = "libx264",
-                encoder_options: dict | None = None) -> None:
+def write_video(
+    path: Path,
+    frames: np.ndarray,
+    fps: int = 24,
+    codec: str = "libx264",
+    encoder_options: dict | None = None,
+) -> None:
     """Write frames with PyAV; the container follows the suffix (.mp4, .mkv, .ts, .avi ...).
     libx264 gives a faststart MP4; ffv1 (in .mkv) is lossless RGB; `encoder_options` go to the
     encoder (e.g. {"g": "48", "bf": "2"})."""
@@ -85,11 +96,18 @@ def write_prompts(out_dir: Path, masks: np.ndarray, frames=(6, 12, 18)) -> Path:
     f1, f2, f3 = frames
     Image.fromarray(masks[f3, 2].astype(np.uint8) * 255).save(out_dir / "obj3_mask.png")
     outside = [2.0, 2.0]
-    prompts = {"prompts": [
-        {"object": 1, "frame": f1, "points": [centroid(masks[f1, 0]), outside], "labels": [1, 0]},
-        {"object": 2, "frame": f2, "box": bbox(masks[f2, 1])},
-        {"object": 3, "frame": f3, "mask": "obj3_mask.png"},
-    ]}
+    prompts = {
+        "prompts": [
+            {
+                "object": 1,
+                "frame": f1,
+                "points": [centroid(masks[f1, 0]), outside],
+                "labels": [1, 0],
+            },
+            {"object": 2, "frame": f2, "box": bbox(masks[f2, 1])},
+            {"object": 3, "frame": f3, "mask": "obj3_mask.png"},
+        ]
+    }
     path = out_dir / "prompts.json"
     path.write_text(json.dumps(prompts, indent=1))
     return path
@@ -98,17 +116,22 @@ def write_prompts(out_dir: Path, masks: np.ndarray, frames=(6, 12, 18)) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--frames", type=int, default=48, help="at least 1")
     parser.add_argument("--width", type=int, default=320)
     parser.add_argument("--height", type=int, default=240)
     args = parser.parse_args()
+    if args.frames < 1:
+        parser.error("--frames must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     frames, masks = make_clip(args.frames, args.width, args.height)
     write_video(args.out / "sample.mp4", frames)
     np.savez_compressed(args.out / "gt_masks.npz", masks=masks, object_ids=np.array(OBJECT_IDS))
-    write_prompts(args.out, masks)
-    print(f"sample clip: {args.out / 'sample.mp4'} ({args.frames} frames, "
-          f"{args.width}x{args.height}), prompts: {args.out / 'prompts.json'}")
+    # the prompts at an eighth, a quarter and three eighths of the clip (6, 12, 18 of 48)
+    write_prompts(args.out, masks, frames=tuple(args.frames * k // 8 for k in (1, 2, 3)))
+    print(
+        f"sample clip: {args.out / 'sample.mp4'} ({args.frames} frames, "
+        f"{args.width}x{args.height}), prompts: {args.out / 'prompts.json'}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Motions: "drift" (constant velocity, turning and scaling), "wave" (drift plus a 
 `data/train_tiny.py` trains on "drift" and "wave"; the held-out clips of
 `benchmarks/bench_quality.py` use "orbit" and "bounce", other seeds and a forced occlusion.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,17 @@ SHAPES = ("ellipse", "box", "blob")
 TEXTURES = ("solid", "stripes", "checker", "noise")
 
 
-def make_clip(seed: int, num_frames: int = 8, height: int = 256, width: int = 256,
-              num_objects: int | None = None, motions=("drift", "wave"), distractors: int | None = None,
-              occluder: bool = False, speed: float = 1.0):
+def make_clip(
+    seed: int,
+    num_frames: int = 8,
+    height: int = 256,
+    width: int = 256,
+    num_objects: int | None = None,
+    motions=("drift", "wave"),
+    distractors: int | None = None,
+    occluder: bool = False,
+    speed: float = 1.0,
+):
     """A clip and its ground truth. `num_objects` tracked objects (1-3 drawn by the seed when
     None), `distractors` untracked moving ones (0-3), `occluder` adds one untracked object
     that crosses in front of tracked object 1 half-way through the clip."""
@@ -31,8 +40,10 @@ def make_clip(seed: int, num_frames: int = 8, height: int = 256, width: int = 25
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     background = _background(rng, yy, xx)
     scale = min(height, width) / 256
-    things = [_thing(rng, height, width, scale, rng.choice(motions), num_frames, speed)
-              for _ in range(O + D)]
+    things = [
+        _thing(rng, height, width, scale, rng.choice(motions), num_frames, speed)
+        for _ in range(O + D)
+    ]
     if occluder:
         things.append(_occluder(rng, things[0], num_frames, scale))
     depth = rng.permutation(len(things))  # drawing order: later is in front
@@ -63,12 +74,17 @@ def _background(rng, yy, xx):
     img = base + tilt[0] * (yy[..., None] / h - 0.5) + tilt[1] * (xx[..., None] / w - 0.5)
     for _ in range(3):  # waves
         f = rng.uniform(0.02, 0.12, 2)
-        img = img + rng.uniform(5, 25, 3) * np.sin(f[0] * yy + f[1] * xx + rng.uniform(0, 6.3))[..., None]
+        img = (
+            img
+            + rng.uniform(5, 25, 3) * np.sin(f[0] * yy + f[1] * xx + rng.uniform(0, 6.3))[..., None]
+        )
     for _ in range(int(rng.integers(4, 12))):  # clutter
         cy, cx = rng.uniform(0, h), rng.uniform(0, w)
         r = rng.uniform(6, 30) * min(h, w) / 256
         shape = rng.choice(SHAPES)
-        inside = _inside(shape, (yy - cy) / r, (xx - cx) / r, rng.uniform(0.5, 1.5), _blob_coeffs(rng))
+        inside = _inside(
+            shape, (yy - cy) / r, (xx - cx) / r, rng.uniform(0.5, 1.5), _blob_coeffs(rng)
+        )
         img[inside] = _texture(rng, rng.choice(TEXTURES))((yy - cy) / r, (xx - cx) / r)[inside]
     return np.clip(img, 0, 255).astype(np.float32)
 
@@ -100,7 +116,11 @@ def _thing(rng, h, w, scale, motion, T, speed):
     if motion in ("drift", "wave"):
         y, x = y0 + v[0] * t, x0 + v[1] * t
         if motion == "wave":
-            amp, freq, phase = rng.uniform(5, 25) * scale, rng.uniform(0.1, 0.5) * speed, rng.uniform(0, 6.3, 2)
+            amp, freq, phase = (
+                rng.uniform(5, 25) * scale,
+                rng.uniform(0.1, 0.5) * speed,
+                rng.uniform(0, 6.3, 2),
+            )
             y, x = y + amp * np.sin(freq * t + phase[0]), x + amp * np.cos(freq * t + phase[1])
     elif motion == "orbit":
         ry, rx = rng.uniform(0.1, 0.3) * h, rng.uniform(0.1, 0.3) * w
@@ -111,8 +131,14 @@ def _thing(rng, h, w, scale, motion, T, speed):
     else:
         raise ValueError(f"unknown motion {motion!r}")
     path = np.stack([y, x, angle0 + spin * t, np.clip(1 + grow * t, 0.6, 1.6)], 1)
-    return _Thing(shape, rng.uniform(0.5, 1.6), _blob_coeffs(rng), _texture(rng, rng.choice(TEXTURES)),
-                  radius, path)
+    return _Thing(
+        shape,
+        rng.uniform(0.5, 1.6),
+        _blob_coeffs(rng),
+        _texture(rng, rng.choice(TEXTURES)),
+        radius,
+        path,
+    )
 
 
 def _occluder(rng, target, T, scale):
@@ -123,8 +149,15 @@ def _occluder(rng, target, T, scale):
     direction /= np.linalg.norm(direction)
     span = np.arange(T) - mid
     step = 2.2 * target.radius * target.path[mid, 3] / max(mid, 1)
-    path = np.stack([cy + direction[0] * step * span, cx + direction[1] * step * span,
-                     np.full(T, np.arctan2(direction[0], direction[1])), np.ones(T)], 1)
+    path = np.stack(
+        [
+            cy + direction[0] * step * span,
+            cx + direction[1] * step * span,
+            np.full(T, np.arctan2(direction[0], direction[1])),
+            np.ones(T),
+        ],
+        1,
+    )
     radius = 1.3 * target.radius * target.path[mid, 3]
     return _Thing("box", 0.45, _blob_coeffs(rng), _texture(rng, rng.choice(TEXTURES)), radius, path)
 
@@ -158,14 +191,19 @@ def _texture(rng, kind):
         return lambda v, u: np.broadcast_to(a, v.shape + (3,))
     if kind == "stripes":
         f, turn = rng.uniform(2, 6), rng.uniform(0, np.pi)
-        return lambda v, u: np.where((np.sin(f * (np.cos(turn) * v + np.sin(turn) * u)) > 0)[..., None], a, b)
+        return lambda v, u: np.where(
+            (np.sin(f * (np.cos(turn) * v + np.sin(turn) * u)) > 0)[..., None], a, b
+        )
     if kind == "checker":
         f = rng.uniform(1.5, 4)
-        return lambda v, u: np.where(((np.floor(f * v) + np.floor(f * u)) % 2 == 0)[..., None], a, b)
+        return lambda v, u: np.where(
+            ((np.floor(f * v) + np.floor(f * u)) % 2 == 0)[..., None], a, b
+        )
     table = rng.uniform(0, 1, (8, 8))  # noise: a coarse random pattern between two colours
 
     def noise(v, u):
         i = np.clip(((v + 1.6) * 2.5).astype(int), 0, 7)
         j = np.clip(((u + 1.6) * 2.5).astype(int), 0, 7)
         return a + table[i, j][..., None] * (b - a)
+
     return noise

@@ -15,14 +15,16 @@ the chosen mask only (SAM 2.1's config supervises all three) and clicks sit at p
 
 Reproducible: clip k is `data/synthetic.py`'s seed k, the weights start from torch seed 0,
 and CPU arithmetic repeats bit for bit at a fixed thread count (`--threads`, 1 by default;
-two 30-step runs gave identical weights). The shipped `data/segpipe_tiny.pt` holds the
+two 30-step runs gave identical weights). The shipped `pipeline/weights/segpipe_tiny.pt`
+(package data: `segpipe/weights/` in an installed segpipe) holds the
 tensors the default arguments gave (one run; saved under another name and copied, so the
 file's bytes, and the sha256 stores record, differ from a rerun's); its run time is in the
-README. Progress is saved to
-`<out>.partial.pt`; `--out` is written once, at the end.
+README. Progress is saved beside this script, to `data/<out's stem>.partial.pt`; `--out` is
+written once, at the end.
 
-    python data/train_tiny.py                   # writes data/segpipe_tiny.pt
+    python data/train_tiny.py                   # writes pipeline/weights/segpipe_tiny.pt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +41,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic import make_clip  # noqa: E402
 
-CONFIG = Path(__file__).resolve().parents[1] / "pipeline" / "configs" / "segpipe_tiny.yaml"
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE.parent / "pipeline" / "configs" / "segpipe_tiny.yaml"
+WEIGHTS = HERE.parent / "pipeline" / "weights" / "segpipe_tiny.pt"  # segpipe.model.SHIPPED's
 SIZE = 128  # the image size it trains at (the shipped weights record it)
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -48,6 +52,7 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 def build(seed: int, size: int = SIZE):
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
+
     torch.manual_seed(seed)
     config = OmegaConf.load(CONFIG).model
     config.image_size = size
@@ -65,7 +70,7 @@ def look_where_it_was(model, strength: float = 100.0) -> None:
         for layer in model.memory_attention.layers:
             attention = layer.cross_attn_image
             bias = torch.zeros_like(attention.q_proj.bias)
-            bias[[0, 2, 32, 34]] = strength ** 0.5  # the first element of pairs 0, 1, 16, 17
+            bias[[0, 2, 32, 34]] = strength**0.5  # the first element of pairs 0, 1, 16, 17
             attention.q_proj.bias.copy_(bias)
             attention.k_proj.bias.copy_(bias)
 
@@ -82,7 +87,9 @@ def frame0_inputs(rng, masks0: np.ndarray):
     for m in masks0:
         ys, xs = np.nonzero(m)
         if kind == "box":
-            box = np.array([xs.min(), ys.min(), xs.max(), ys.max()], np.float32) + rng.normal(0, 2, 4)
+            box = np.array([xs.min(), ys.min(), xs.max(), ys.max()], np.float32) + rng.normal(
+                0, 2, 4
+            )
             coords.append(box.reshape(2, 2))
             labels.append([2, 3])
             continue
@@ -95,8 +102,10 @@ def frame0_inputs(rng, masks0: np.ndarray):
             lab.append(0)
         coords.append(np.array(pts, np.float32))
         labels.append(lab)
-    return {"point_coords": torch.from_numpy(np.stack(coords)).float(),
-            "point_labels": torch.tensor(labels, dtype=torch.int32)}, None
+    return {
+        "point_coords": torch.from_numpy(np.stack(coords)).float(),
+        "point_labels": torch.tensor(labels, dtype=torch.int32),
+    }, None
 
 
 def clip_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng) -> tuple[torch.Tensor, dict]:
@@ -108,11 +117,12 @@ def clip_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng) -> tuple[to
     totals = {"tracked_iou": 0.0, "focal": 0.0, "dice": 0.0, "iou": 0.0, "score": 0.0}
     loss = 0.0
     for t in range(T):
-        cur = [f[:, t:t + 1].expand(-1, O, -1) for f in feats]
-        cur_pos = [p[:, t:t + 1].expand(-1, O, -1) for p in pos]
+        cur = [f[:, t : t + 1].expand(-1, O, -1) for f in feats]
+        cur_pos = [p[:, t : t + 1].expand(-1, O, -1) for p in pos]
         point_inputs, mask_inputs = frame0_inputs(rng, masks[0].numpy()) if t == 0 else (None, None)
-        out, sam, _, _ = model._track_step(t, t == 0, cur, cur_pos, sizes, point_inputs, mask_inputs,
-                                           output, T, False, None)
+        out, sam, _, _ = model._track_step(
+            t, t == 0, cur, cur_pos, sizes, point_inputs, mask_inputs, output, T, False, None
+        )
         _, high_multi, ious, _, high_best, obj_ptr, score_logits = sam
         out["pred_masks_high_res"], out["obj_ptr"] = high_best, obj_ptr
         model._encode_memory_in_output(cur, sizes, point_inputs, True, high_best, score_logits, out)
@@ -135,7 +145,9 @@ def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
     prob = logits.sigmoid()
     ce = F.binary_cross_entropy_with_logits(logits, tgt, reduction="none")
     p_t = prob * tgt + (1 - prob) * (1 - tgt)
-    focal = (ce * (1 - p_t) ** 2 * (alpha * tgt + (1 - alpha) * (1 - tgt))).flatten(2).mean(-1)  # (O, M)
+    focal = (
+        (ce * (1 - p_t) ** 2 * (alpha * tgt + (1 - alpha) * (1 - tgt))).flatten(2).mean(-1)
+    )  # (O, M)
     num = 2 * (prob * tgt).flatten(2).sum(-1)
     dice = 1 - (num + 1) / (prob.flatten(2).sum(-1) + tgt.flatten(2).sum(-1) + 1)  # (O, M)
     best = torch.argmin(20 * focal + dice, dim=1)
@@ -158,8 +170,15 @@ def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
 
 def training_clip(step: int, frames: int, size: int = SIZE):
     rng = np.random.default_rng(10_000_000 + step)
-    clip, masks = make_clip(step, num_frames=frames, height=size, width=size, motions=("drift", "wave"),
-                            occluder=bool(rng.random() < 0.3), speed=float(rng.uniform(0.5, 1.5)))
+    clip, masks = make_clip(
+        step,
+        num_frames=frames,
+        height=size,
+        width=size,
+        motions=("drift", "wave"),
+        occluder=bool(rng.random() < 0.3),
+        speed=float(rng.uniform(0.5, 1.5)),
+    )
     keep = masks[0].reshape(masks.shape[1], -1).sum(1) >= 16  # prompt only objects seen on frame 0
     if not keep.any():
         return None
@@ -169,7 +188,7 @@ def training_clip(step: int, frames: int, size: int = SIZE):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("segpipe_tiny.pt"))
+    parser.add_argument("--out", type=Path, default=WEIGHTS)
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--frames", type=int, default=8, help="frames per training clip")
     parser.add_argument("--size", type=int, default=SIZE, help="image size (frames drawn at it)")
@@ -180,8 +199,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.frames < 2:
         parser.error("--frames must be at least 2 (a prompted frame and a tracked one)")
-    # Progress goes to a separate file: the shipped weights are replaced only at the end.
-    partial = args.out.with_name(args.out.stem + ".partial.pt")
+    # Progress goes to a separate file, here in data/ (not in the package): the shipped
+    # weights are replaced only at the end.
+    partial = HERE / (args.out.stem + ".partial.pt")
     torch.set_num_threads(args.threads)
     model = build(args.seed, args.size)
     look_where_it_was(model)
@@ -193,6 +213,7 @@ def main() -> None:
         if step < warmup:
             return (step + 1) / warmup
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(args.steps - warmup, 1)))
+
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     began, recent = time.time(), []
     for step in range(args.steps):
@@ -210,8 +231,11 @@ def main() -> None:
         recent.append(parts)
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             mean = {k: np.mean([p[k] for p in recent]) for k in recent[0]}
-            print(f"step {step + 1}/{args.steps} {time.time() - began:.0f}s lr {sched.get_last_lr()[0]:.2e} "
-                  + " ".join(f"{k} {v:.4f}" for k, v in mean.items()), flush=True)
+            print(
+                f"step {step + 1}/{args.steps} {time.time() - began:.0f}s lr {sched.get_last_lr()[0]:.2e} "
+                + " ".join(f"{k} {v:.4f}" for k, v in mean.items()),
+                flush=True,
+            )
             recent = []
             save(model, args, step + 1, partial)
     save(model, args, args.steps, args.out)

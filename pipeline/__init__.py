@@ -11,22 +11,42 @@ masks bit-identical to SAM 2's own video predictor.
 Every name of the API is listed in `__all__`. `import segpipe` does not import torch: the
 calls that run the model import it.
 """
-from .api import dataset, decode, encode, evaluate, export, open, repair, run, track
-from .errors import (BadInput, DamagedStore, NotEnoughSpace, SegpipeError, StoreLocked,
-                     StoreMismatch, StoreNotReady)
-from .prompts import Prompt
-from .results import Run
+
+from segpipe.api import dataset, decode, encode, evaluate, export, open, repair, run, track
+from segpipe.errors import (
+    BadInput,
+    DamagedStore,
+    NotEnoughSpace,
+    SegpipeError,
+    StoreLocked,
+    StoreMismatch,
+    StoreNotReady,
+)
+from segpipe.prompts import Prompt
+from segpipe.results import Run
 
 __all__ = [
     # the stages, and all of them in one call
-    "run", "decode", "encode", "track", "export", "repair",
+    "run",
+    "decode",
+    "encode",
+    "track",
+    "export",
+    "repair",
     # datasets (SAM 2's vos_inference) and their DAVIS J&F
-    "dataset", "evaluate",
+    "dataset",
+    "evaluate",
     # reading results back
-    "open", "Run",
+    "open",
+    "Run",
     # prompts as objects
     "Prompt",
     # errors
-    "SegpipeError", "BadInput", "StoreNotReady", "StoreMismatch", "DamagedStore", "StoreLocked",
+    "SegpipeError",
+    "BadInput",
+    "StoreNotReady",
+    "StoreMismatch",
+    "DamagedStore",
+    "StoreLocked",
     "NotEnoughSpace",
 ]

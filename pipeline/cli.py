@@ -1,4 +1,5 @@
 """The segpipe command line: decode -> encode -> track -> export, each resumable."""
+
 from __future__ import annotations
 
 import errno
@@ -9,106 +10,218 @@ from pathlib import Path
 
 import click
 
-from . import api, interrupt
-from .errors import SegpipeError
-from .lock import store_lock
+from segpipe import api, interrupt, log
+from segpipe.errors import SegpipeError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
-STORE = click.option("--store", "store", required=True, type=click.Path(path_type=Path),
-                     help="The run store (a zarr directory, one per video).")
+STORE = click.option(
+    "--store",
+    "store",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The run store (a zarr directory, one per video).",
+)
 QUIET = click.option("--quiet", is_flag=True, help="No progress bars or messages.")
-DEVICE = click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "mps"]),
-                      default="auto", help="Where the model runs.")
-CHECKPOINT = click.option("--checkpoint", default=None,
-                          help="Official SAM 2 checkpoint file, or hf:facebook/sam2.1-hiera-tiny style name.")
+DEVICE = click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+    default="auto",
+    help="Where the model runs.",
+)
+CHECKPOINT = click.option(
+    "--checkpoint",
+    default=None,
+    help="Official SAM 2 checkpoint file, or hf:facebook/sam2.1-hiera-tiny style name.",
+)
 
 
 def decode_options(f):
-    f = click.option("--fps", type=float, default=None, show_default="24 for a frame folder",
-                     help="Frame rate of a folder of frames (a video file has its own).")(f)
-    f = click.option("--stream", type=int, default=None, show_default="the default stream",
-                     help="Which video stream of a file with several (its stream number).")(f)
-    f = click.option("--image-size", type=int, default=None, show_default="1024, or the store's",
-                     help="Model input size S (frames are resized to S x S; a multiple of 32).")(f)
-    f = click.option("--chunk-size", type=int, default=None, show_default="32, or the store's",
-                     help="Frames per chunk: the unit of work, storage and resumption.")(f)
+    f = click.option(
+        "--fps",
+        type=float,
+        default=None,
+        show_default="24 for a frame folder",
+        help="Frame rate of a folder of frames (a video file has its own).",
+    )(f)
+    f = click.option(
+        "--stream",
+        type=int,
+        default=None,
+        show_default="the default stream",
+        help="Which video stream of a file with several (its stream number).",
+    )(f)
+    f = click.option(
+        "--image-size",
+        type=int,
+        default=None,
+        show_default="1024, or the store's",
+        help="Model input size S (frames are resized to S x S; a multiple of 32).",
+    )(f)
+    f = click.option(
+        "--chunk-size",
+        type=int,
+        default=None,
+        show_default="32, or the store's",
+        help="Frames per chunk: the unit of work, storage and resumption.",
+    )(f)
     return f
 
 
 def encode_options(f):
     from segpipe.model import DEFAULT_MODEL, MODELS
-    f = click.option("--embedding-dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
-                     default="float32", help="How embeddings are stored (float32 keeps masks exact).")(f)
-    f = click.option("--precision", type=click.Choice(["float32", "bfloat16"]), default=None,
-                     show_default="bfloat16 on CUDA, float32 elsewhere",
-                     help="bfloat16: SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs.")(f)
+
+    f = click.option(
+        "--embedding-dtype",
+        type=click.Choice(["float32", "float16", "bfloat16"]),
+        default=None,
+        show_default="float32, or the store's",
+        help="How embeddings are stored (float32 keeps masks exact).",
+    )(f)
+    f = click.option(
+        "--precision",
+        type=click.Choice(["float32", "bfloat16"]),
+        default=None,
+        show_default="bfloat16 on CUDA, float32 elsewhere",
+        help="bfloat16: SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs.",
+    )(f)
     f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
-    f = click.option("--random-weights", "random_seed", type=int, default=None, metavar="SEED",
-                     help="Seeded random weights, for tests and demos: masks mean nothing.")(f)
+    f = click.option(
+        "--random-weights",
+        "random_weights",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="Seeded random weights, for tests and demos: masks mean nothing.",
+    )(f)
     f = CHECKPOINT(f)
-    f = click.option("--model", type=click.Choice(list(MODELS)), default=DEFAULT_MODEL,
-                     help="SAM 2 model config: an official one, or segpipe_tiny (the demo model: "
-                          "trained on synthetic clips, weights shipped in data/; decode at the "
-                          "image size they were trained at, encode warns otherwise).")(f)
+    f = click.option(
+        "--model",
+        type=click.Choice(list(MODELS)),
+        default=None,
+        show_default=f"{DEFAULT_MODEL}, or the store's",
+        help="SAM 2 model config: an official one, or segpipe_tiny (the demo model: "
+        "trained on synthetic clips, weights shipped in the package; decode at the "
+        "image size they were trained at, encode warns otherwise).",
+    )(f)
     return f
 
 
-DIRECTION = click.option("--direction", type=click.Choice(["both", "forward", "reverse"]),
-                         default=None, show_default="both, or the store's",
-                         help="Tracking passes from the earliest prompted frame.")
+DIRECTION = click.option(
+    "--direction",
+    type=click.Choice(["both", "forward", "reverse"]),
+    default=None,
+    show_default="both, or the store's",
+    help="Tracking passes from the earliest prompted frame.",
+)
+
+
 def mask_options(f):
     """How masks are made from SAM 2's outputs (SAM 2's predictor defaults unless given)."""
-    f = click.option("--object-start", type=click.Choice(["earliest", "own"]), default=None,
-                     show_default="earliest, or the store's",
-                     help="own: each object tracked forward from its own first prompt, empty "
-                          "before (vos_inference --track_object_appearing_later_in_video); "
-                          "needs --direction forward.")(f)
-    f = click.option("--score-threshold", type=float, default=None,
-                     show_default="0.0, or the store's",
-                     help="A pixel is in an object's mask where its logit is above this.")(f)
-    f = click.option("--non-overlap/--overlap", "non_overlap", default=None,
-                     show_default="overlap, or the store's",
-                     help="Give each pixel to the highest-scoring object only (SAM 2's "
-                          "non_overlap_masks).")(f)
-    f = click.option("--postprocessing/--no-postprocessing", "postprocessing", default=None,
-                     show_default="on, or the store's",
-                     help="SAM 2's apply_postprocessing (vos_inference turns it off).")(f)
+    f = click.option(
+        "--object-start",
+        type=click.Choice(["earliest", "own"]),
+        default=None,
+        show_default="earliest, or the store's",
+        help="own: each object tracked forward from its own first prompt, empty "
+        "before (vos_inference --track_object_appearing_later_in_video); "
+        "needs --direction forward.",
+    )(f)
+    f = click.option(
+        "--score-threshold",
+        type=float,
+        default=None,
+        show_default="0.0, or the store's",
+        help="A pixel is in an object's mask where its logit is above this.",
+    )(f)
+    f = click.option(
+        "--non-overlap/--overlap",
+        "non_overlap",
+        default=None,
+        show_default="overlap, or the store's",
+        help="Give each pixel to the highest-scoring object only (SAM 2's non_overlap_masks).",
+    )(f)
+    f = click.option(
+        "--postprocessing/--no-postprocessing",
+        "postprocessing",
+        default=None,
+        show_default="on, or the store's",
+        help="SAM 2's apply_postprocessing (vos_inference turns it off).",
+    )(f)
     return f
 
 
 def dask_options(f):
-    """Where the work runs: here (default), or on Dask workers (`segpipe.cluster`)."""
-    f = click.option("--scheduler", default=None, metavar="ADDRESS",
-                     help="Run on the workers of this Dask scheduler (e.g. tcp://10.0.0.5:8786); "
-                          "they must see the store and inputs at the same paths (a shared "
-                          "file system).")(f)
-    f = click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
-                     help="Run on a local Dask cluster of N worker processes, one task at a "
-                          "time each, at this process's torch thread count (OMP_NUM_THREADS "
-                          "where set: cores/N keeps them off each other's cores) "
-                          "(pip install 'segpipe[dask]').  [default: one process, no Dask]")(f)
+    """Where the work runs: here (default), or on Dask workers (`segpipe.dask.client`)."""
+    f = click.option(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="Run on the workers of this Dask scheduler (e.g. tcp://10.0.0.5:8786); "
+        "they must see the store and inputs at the same paths (a shared "
+        "file system).",
+    )(f)
+    f = click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Run on a local Dask cluster of N worker processes, one task at a "
+        "time each, at this process's torch thread count (OMP_NUM_THREADS "
+        "where set: cores/N keeps them off each other's cores) "
+        "(pip install 'segpipe[dask]').  [default: one process, no Dask]",
+    )(f)
     return f
 
 
-FORCE = click.option("--force", is_flag=True,
-                     help="Where the store was made with other settings, start this stage (and "
-                          "every later one) over instead of refusing.")
-FORCE_AGAIN = click.option("--force", is_flag=True, help="Start this stage over instead of resuming.")
+FORCE = click.option(
+    "--force",
+    is_flag=True,
+    help="Where the store was made with other settings, start this stage (and "
+    "every later one) over instead of refusing.",
+)
+FORCE_AGAIN = click.option(
+    "--force", is_flag=True, help="Start this stage over instead of resuming."
+)
 NO_SPACE_CHECK = click.option(
-    "--no-space-check", "no_space_check", is_flag=True,
+    "--no-space-check",
+    "no_space_check",
+    is_flag=True,
     help="Start even where the storage estimate (printed before the first write) is larger "
-         "than the free space of the store's file system, which is otherwise refused.")
+    "than the free space of the store's file system, which is otherwise refused.",
+)
+
+
+def api_options(options: dict) -> dict:
+    """A command's click options as the API's keyword arguments, which have the same names
+    but for two flags said the other way round: `--quiet` (`progress`) and
+    `--no-space-check` (`space_check`)."""
+    options = dict(options)
+    if "quiet" in options:
+        options["progress"] = not options.pop("quiet")
+    if "no_space_check" in options:
+        options["space_check"] = not options.pop("no_space_check")
+    return options
 
 
 @contextmanager
 def writing(store: Path):
-    """Every command that writes holds the store's lock and stops cleanly on a signal."""
-    with interrupt.finishing_chunks(), store_lock(store):
+    """Every command that writes stops cleanly on a signal (the stages it calls hold the
+    store's lock: one writer per store)."""
+    with interrupt.finishing_chunks():
         yield
     interrupt.check()  # a signal after the last chunk's commit still ends in 130 / 143
 
 
-@click.group(context_settings=CONTEXT)
+class PipelineOrder(click.Group):
+    """Commands listed as they are defined: the pipeline's order (decode, encode, track,
+    export, run, ...), not the alphabet's."""
+
+    def list_commands(self, ctx):
+        return list(self.commands)
+
+
+@click.group(cls=PipelineOrder, context_settings=CONTEXT)
+@click.version_option(package_name="segpipe", prog_name="segpipe")
 def cli():
     """segpipe: segment objects through long videos with SAM 2, chunk by chunk.
 
@@ -126,7 +239,7 @@ def cli():
 @FORCE
 @NO_SPACE_CHECK
 @QUIET
-def decode(video, store, chunk_size, image_size, stream, fps, force, no_space_check, quiet):
+def decode(video, store, **options):
     """Decode VIDEO (a video file, or a folder of numbered JPEG/PNG frames) into the store's
     model-input frames, upright. First prints the storage estimate (frames measured on a
     sample of the video) and refuses if the frames need more than the free space.
@@ -137,8 +250,7 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, no_space_ch
       segpipe decode davis/JPEGImages/480p/bear --store bear.zarr --image-size 1024
     """
     with writing(store):
-        api.decode(video, store, chunk_size=chunk_size, image_size=image_size, stream=stream,
-                   fps=fps, force=force, space_check=not no_space_check, progress=not quiet)
+        api.decode(video, store, **api_options(options))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -149,8 +261,7 @@ def decode(video, store, chunk_size, image_size, stream, fps, force, no_space_ch
 @FORCE
 @NO_SPACE_CHECK
 @QUIET
-def encode(store, model, checkpoint, random_seed, batch_size, precision, embedding_dtype, device,
-           workers, scheduler, force, no_space_check, quiet):
+def encode(store, **options):
     """Compute SAM 2 image embeddings for every decoded frame. First prints the storage
     estimate and refuses if the features need more than the free space.
 
@@ -160,17 +271,19 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
       segpipe encode --store clip.zarr --checkpoint sam2.1_hiera_tiny.pt --workers 4
     """
     with writing(store):
-        api.encode(store, model=model, checkpoint=checkpoint, random_weights=random_seed,
-                   device=device, batch_size=batch_size, embedding_dtype=embedding_dtype,
-                   precision=precision, force=force, space_check=not no_space_check,
-                   progress=not quiet, workers=workers, scheduler=scheduler)
+        api.encode(store, **api_options(options))
 
 
 @cli.command(context_settings=CONTEXT)
 @STORE
-@click.option("--prompts", "prompts", default=None, type=click.Path(path_type=Path),
-              show_default="the store's last prompts",
-              help="Prompts JSON (see README, 'Prompts file').")
+@click.option(
+    "--prompts",
+    "prompts",
+    default=None,
+    type=click.Path(path_type=Path),
+    show_default="the store's last prompts",
+    help="Prompts JSON (see README, 'Prompts file').",
+)
 @DIRECTION
 @mask_options
 @CHECKPOINT
@@ -178,8 +291,7 @@ def encode(store, model, checkpoint, random_seed, batch_size, precision, embeddi
 @dask_options
 @FORCE_AGAIN
 @QUIET
-def track(store, prompts, direction, postprocessing, non_overlap, score_threshold, object_start,
-          checkpoint, device, workers, scheduler, force, quiet):
+def track(store, prompts, **options):
     """Track the prompted objects through the video from the stored embeddings (on Dask
     workers: the forward and reverse passes side by side).
 
@@ -189,25 +301,38 @@ def track(store, prompts, direction, postprocessing, non_overlap, score_threshol
       segpipe track --store clip.zarr --prompts prompts.json --scheduler tcp://10.0.0.5:8786
     """
     with writing(store):
-        api.track(store, prompts, direction=direction, checkpoint=checkpoint, device=device,
-                  force=force, progress=not quiet, postprocessing=postprocessing,
-                  non_overlap=non_overlap, score_threshold=score_threshold,
-                  object_start=object_start, workers=workers, scheduler=scheduler)
+        api.track(store, prompts, **api_options(options))
 
 
 @cli.command(context_settings=CONTEXT)
 @STORE
-@click.option("--format", "fmt", required=True,
-              type=click.Choice(["davis", "vis-json", "overlay", "frames"]),
-              help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4; "
-                   "frames: the overlay as a folder of JPEGs.")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Output folder (davis, frames) or file (vis-json, overlay).")
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    type=click.Choice(["davis", "vis-json", "overlay", "frames"]),
+    help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4; "
+    "frames: the overlay as a folder of JPEGs.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(),
+    help="Output folder (davis, frames) or file (vis-json, overlay; given a folder: "
+    "masks.json or overlay.mp4 in it).",
+)
 @click.option("--frames", default=None, metavar="A:B", help="Only frames A..B-1.  [default: all]")
-@click.option("--objects", default=None, metavar="ID,ID", help="Only these object ids.  [default: all]")
+@click.option(
+    "--objects", default=None, metavar="ID,ID", help="Only these object ids.  [default: all]"
+)
+@click.option(
+    "--per-object",
+    is_flag=True,
+    help="davis: one folder of 0/1 PNGs per object, <id:03d>/<frame>.png (SA-V's layout).",
+)
 @FORCE_AGAIN
 @QUIET
-def export(store, fmt, out, frames, objects, force, quiet):
+def export(store, fmt, out, **options):
     """Export the tracked masks in a standard format.
 
     \b
@@ -216,36 +341,45 @@ def export(store, fmt, out, frames, objects, force, quiet):
       segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
     """
     with writing(store):
-        api.export(store, fmt, out, frames=frames, objects=objects, force=force,
-                   progress=not quiet)
+        api.export(store, fmt, out, **api_options(options))
 
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("video", type=click.Path(path_type=Path))
 @STORE
-@click.option("--prompts", "prompts", default=None, type=click.Path(path_type=Path),
-              help="Prompts JSON; without it, run stops after encode.")
+@click.option(
+    "--prompts",
+    "prompts",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Prompts JSON; without it, run stops after encode.",
+)
 @decode_options
 @encode_options
 @DIRECTION
 @mask_options
-@click.option("--keep", type=click.Choice(["all", "masks"]), default=None,
-              show_default="all, or the store's",
-              help="masks: drop a chunk's frames once encoded and its features once tracked, "
-                   "so hours of video fit a few chunks of them on disk (re-prompting then "
-                   "decodes and encodes again what the new passes need).")
-@click.option("--export", "exports", default="davis,vis-json,overlay",
-              help="Export formats after tracking (comma list, or 'none'), into STORE's "
-                   "sibling folder <store name>.export/.")
+@click.option(
+    "--keep",
+    type=click.Choice(["all", "masks"]),
+    default=None,
+    show_default="all, or the store's",
+    help="masks: drop a chunk's frames once encoded and its features once tracked, "
+    "so hours of video fit a few chunks of them on disk (re-prompting then "
+    "decodes and encodes again what the new passes need).",
+)
+@click.option(
+    "--export",
+    "exports",
+    default="davis,vis-json,overlay",
+    help="Export formats after tracking (comma list, or 'none'), into STORE's "
+    "sibling folder <store name>.export/.",
+)
 @DEVICE
 @dask_options
 @FORCE
 @NO_SPACE_CHECK
 @QUIET
-def run(video, store, prompts, chunk_size, image_size, stream, fps, model, checkpoint, random_seed,
-        batch_size, precision, embedding_dtype, direction, postprocessing, non_overlap,
-        score_threshold, object_start, keep, exports, device, workers, scheduler, force,
-        no_space_check, quiet):
+def run(video, store, prompts, exports, **options):
     """Run every stage on VIDEO in order, each resuming where it stopped. First prints the
     storage estimate of the whole store by array group (frames, features, memory, masks)
     and refuses if it needs more than the free space of the store's file system.
@@ -261,54 +395,142 @@ def run(video, store, prompts, chunk_size, image_size, stream, fps, model, check
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json \\
           --checkpoint sam2.1_hiera_tiny.pt --workers 2
     """
-    formats = [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
+    formats = (
+        [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
+    )
     with writing(store):
-        api.run(video, store, prompts, chunk_size=chunk_size, image_size=image_size,
-                stream=stream, fps=fps, model=model,
-                checkpoint=checkpoint, random_weights=random_seed, device=device,
-                batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
-                direction=direction, postprocessing=postprocessing, non_overlap=non_overlap,
-                score_threshold=score_threshold, object_start=object_start, keep=keep,
-                exports=formats, force=force, space_check=not no_space_check,
-                progress=not quiet, workers=workers, scheduler=scheduler)
+        api.run(video, store, prompts, exports=formats, **api_options(options))
+    if prompts is None and not options["quiet"]:
+        click.echo(
+            f"run: no --prompts, so the video is decoded and encoded but not tracked; "
+            f"to track, add --prompts PROMPTS.json (or run `segpipe track --store "
+            f"{store} --prompts PROMPTS.json`)",
+            err=True,
+        )
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--base-video-dir", required=True, type=click.Path(path_type=Path),
-              help="One folder of JPEG frames (named by number) per video.")
-@click.option("--input-mask-dir", required=True, type=click.Path(path_type=Path),
-              help="Annotations: <video>/<frame>.png indexed PNGs whose values are object ids "
-                   "(with --per-obj-png-file: <video>/<obj>/<frame>.png).")
-@click.option("--output-mask-dir", required=True, type=click.Path(path_type=Path),
-              help="Where the output PNGs go, laid out as the input masks.")
-@click.option("--work-dir", required=True, type=click.Path(path_type=Path),
-              help="Where the per-video stores go (<video>.zarr): what makes the run resumable.")
-@click.option("--video-list-file", default=None, type=click.Path(path_type=Path),
-              show_default="every subfolder of --base-video-dir", help="Video names, one per line.")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option(
+    "--at", "at", type=int, required=True, metavar="N", help="The frame index (0 is the first)."
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    show_default="<name>_frame<N>.png here",
+    help="The PNG to write.",
+)
+@click.option(
+    "--grid",
+    type=int,
+    default=None,
+    metavar="PX",
+    show_default="a round step",
+    help="A labelled line every PX pixels (0: none).",
+)
+@click.option(
+    "--stream",
+    type=int,
+    default=None,
+    show_default="the default stream",
+    help="Which video stream of a file with several.",
+)
+def frame(source, at, out, grid, stream):
+    """Write frame N of SOURCE (a video, a frame folder, or a store: its source video) as a
+    PNG at the video's own size, upright, with a labelled pixel grid: read the coordinates of
+    your prompts off it (x right, y down, as the prompts file takes them).
+
+    \b
+    Example:
+      segpipe frame clip.mp4 --at 0 --out frame0.png
+      segpipe frame clip.zarr --at 120 --grid 50
+    """
+    from segpipe.snapshot import save_frame
+
+    path, what = save_frame(source, at, out, grid, stream)
+    click.echo(what)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--base-video-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="One folder of JPEG frames (named by number) per video.",
+)
+@click.option(
+    "--input-mask-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Annotations: <video>/<frame>.png indexed PNGs whose values are object ids "
+    "(with --per-obj-png-file: <video>/<obj>/<frame>.png).",
+)
+@click.option(
+    "--output-mask-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where the output PNGs go, laid out as the input masks.",
+)
+@click.option(
+    "--work-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where the per-video stores go (<video>.zarr): what makes the run resumable.",
+)
+@click.option(
+    "--video-list-file",
+    default=None,
+    type=click.Path(path_type=Path),
+    show_default="every subfolder of --base-video-dir",
+    help="Video names, one per line.",
+)
 @click.option("--score-thresh", type=float, default=0.0, help="Mask logit threshold.")
-@click.option("--use-all-masks", is_flag=True,
-              help="Prompt with every annotated frame, not only the first.")
-@click.option("--per-obj-png-file", is_flag=True,
-              help="One PNG per object and frame, in and out (SA-V); masks may then overlap.")
-@click.option("--apply-postprocessing", is_flag=True,
-              help="SAM 2's postprocessing (hole filling and more); off in SAM 2's evaluation.")
-@click.option("--track-object-appearing-later-in-video", is_flag=True,
-              help="Track each object from its own first mask (LVOS, YouTube-VOS).")
-@click.option("--image-size", type=int, default=None, show_default="1024",
-              help="Model input size S (a multiple of 32).")
-@click.option("--chunk-size", type=int, default=None, show_default="32",
-              help="Frames per chunk: the unit of work, storage and resumption.")
-@click.option("--evaluate", "gt_dir", default=None, type=click.Path(path_type=Path),
-              metavar="GT_DIR", help="Then compute DAVIS J&F against these ground-truth PNGs.")
+@click.option(
+    "--use-all-masks", is_flag=True, help="Prompt with every annotated frame, not only the first."
+)
+@click.option(
+    "--per-obj-png-file",
+    is_flag=True,
+    help="One PNG per object and frame, in and out (SA-V); masks may then overlap.",
+)
+@click.option(
+    "--apply-postprocessing",
+    is_flag=True,
+    help="SAM 2's postprocessing (hole filling and more); off in SAM 2's evaluation.",
+)
+@click.option(
+    "--track-object-appearing-later-in-video",
+    is_flag=True,
+    help="Track each object from its own first mask (LVOS, YouTube-VOS).",
+)
+@click.option(
+    "--image-size",
+    type=int,
+    default=None,
+    show_default="1024",
+    help="Model input size S (a multiple of 32).",
+)
+@click.option(
+    "--chunk-size",
+    type=int,
+    default=None,
+    show_default="32",
+    help="Frames per chunk: the unit of work, storage and resumption.",
+)
+@click.option(
+    "--evaluate",
+    "gt_dir",
+    default=None,
+    type=click.Path(path_type=Path),
+    metavar="GT_DIR",
+    help="Then compute DAVIS J&F against these ground-truth PNGs.",
+)
 @encode_options
 @DEVICE
 @dask_options
 @QUIET
-def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_list_file,
-            score_thresh, use_all_masks, per_obj_png_file, apply_postprocessing,
-            track_object_appearing_later_in_video, image_size, chunk_size, gt_dir, model,
-            checkpoint, random_seed, batch_size, precision, embedding_dtype, device, workers,
-            scheduler, quiet):
+def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, **options):
     """SAM 2's tools/vos_inference.py over a VOS dataset (DAVIS, YouTube-VOS, MOSE, SA-V
     layouts): the same output PNGs, chunked, resumable, bounded in memory. Ends with a
     table of the videos; exits 1 if any failed.
@@ -320,28 +542,34 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_lis
           --work-dir stores/ --checkpoint sam2.1_hiera_tiny.pt
       segpipe dataset ... --workers 4    (the same, four videos at a time on Dask)
     """
-    from .vos_dataset import table
+    from segpipe.vos.dataset import table
+
     with interrupt.finishing_chunks():
         results = api.dataset(
-            base_video_dir, input_mask_dir, output_mask_dir, work_dir,
-            video_list_file=video_list_file, score_thresh=score_thresh,
-            use_all_masks=use_all_masks, per_obj_png_file=per_obj_png_file,
-            apply_postprocessing=apply_postprocessing,
-            track_object_appearing_later_in_video=track_object_appearing_later_in_video,
-            model=model, checkpoint=checkpoint, random_weights=random_seed,
-            image_size=image_size, chunk_size=chunk_size, device=device,
-            batch_size=batch_size, embedding_dtype=embedding_dtype, precision=precision,
-            progress=not quiet, workers=workers, scheduler=scheduler)
+            base_video_dir, input_mask_dir, output_mask_dir, work_dir, **api_options(options)
+        )
     interrupt.check()
     click.echo(table(results))
     failed = [r for r in results if r.failed]
-    problems = [f"{len(failed)} of {len(results)} videos failed: "
-                f"{', '.join(r.video for r in failed)} (see the table)"] if failed else []
+    problems = (
+        [
+            f"{len(failed)} of {len(results)} videos failed: "
+            f"{', '.join(r.video for r in failed)} (see the table)"
+        ]
+        if failed
+        else []
+    )
     done = [r.video for r in results if not r.failed]
     if gt_dir is not None and done:
         try:
-            click.echo(api.evaluate(output_mask_dir, gt_dir, videos=done,
-                                    per_obj_png_file=per_obj_png_file).table())
+            click.echo(
+                api.evaluate(
+                    output_mask_dir,
+                    gt_dir,
+                    videos=done,
+                    per_obj_png_file=options["per_obj_png_file"],
+                ).table()
+            )
         except SegpipeError as e:
             problems.append(f"evaluation: {e.message}")
     if problems:
@@ -353,7 +581,7 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, video_lis
 @CHECKPOINT
 @DEVICE
 @QUIET
-def repair(store, checkpoint, device, quiet):
+def repair(store, **options):
     """Find damaged chunks (missing files, failed checksums) and recompute exactly those.
 
     \b
@@ -361,7 +589,7 @@ def repair(store, checkpoint, device, quiet):
       segpipe repair --store clip.zarr
     """
     with writing(store):
-        api.repair(store, checkpoint=checkpoint, device=device, progress=not quiet)
+        api.repair(store, **api_options(options))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -376,24 +604,42 @@ def status(store, as_json):
     Example:
       segpipe status --store clip.zarr --json
     """
-    from .status import describe, render
+    from segpipe.status import describe, render
+
     report = describe(store)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
 
 
 @cli.command(context_settings=CONTEXT)
-@click.option("--results-dir", required=True, type=click.Path(path_type=Path),
-              help="Result masks, <dir>/<video>/<frame>.png: indexed PNGs whose pixel values are "
-                   "object ids (as SAM 2's tools/vos_inference.py and `export --format davis` "
-                   "write them).")
-@click.option("--gt-dir", required=True, type=click.Path(path_type=Path),
-              help="Ground-truth masks in the same layout (e.g. DAVIS/Annotations/480p); its "
-                   "PNGs are the frames scored.")
-@click.option("--video-list-file", type=click.Path(path_type=Path), default=None,
-              show_default="every folder of --gt-dir", help="Videos to score, one name a line.")
-@click.option("--per-obj-png-file", "per_object_png", is_flag=True,
-              help="Per-object layout (SA-V): <dir>/<video>/<object id, 001>/<frame>.png, "
-                   "0 / non-zero, for results and ground truth.")
+@click.option(
+    "--results-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Result masks, <dir>/<video>/<frame>.png: indexed PNGs whose pixel values are "
+    "object ids (as SAM 2's tools/vos_inference.py and `export --format davis` "
+    "write them).",
+)
+@click.option(
+    "--gt-dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Ground-truth masks in the same layout (e.g. DAVIS/Annotations/480p); its "
+    "PNGs are the frames scored.",
+)
+@click.option(
+    "--video-list-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    show_default="every folder of --gt-dir",
+    help="Videos to score, one name a line.",
+)
+@click.option(
+    "--per-obj-png-file",
+    "per_object_png",
+    is_flag=True,
+    help="Per-object layout (SA-V): <dir>/<video>/<object id, 001>/<frame>.png, "
+    "0 / non-zero, for results and ground truth.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
 def evaluate(results_dir, gt_dir, video_list_file, per_object_png, as_json):
     """Score result masks against ground truth with DAVIS 2017's semi-supervised J (region
@@ -406,27 +652,17 @@ def evaluate(results_dir, gt_dir, video_list_file, per_object_png, as_json):
       segpipe evaluate --results-dir results --gt-dir DAVIS/Annotations/480p \\
           --video-list-file val.txt
     """
-    from .davis_eval import evaluate as score, read_video_list
+    from segpipe.vos.davis import evaluate as score
+    from segpipe.vos.davis import read_video_list
+
     videos = read_video_list(video_list_file) if video_list_file is not None else None
     report = score(results_dir, gt_dir, videos=videos, per_object_png=per_object_png)
     click.echo(json.dumps(report.to_dict(), indent=1) if as_json else report.table())
 
 
-def limit_malloc_arenas() -> None:
-    """glibc gives every thread its own malloc arena; with zarr's and our worker threads
-    handling chunk-sized buffers, peak RSS then creeps up with video length. Two arenas keep
-    it flat (measured in benchmarks/bench_export.py)."""
-    import ctypes
-    import ctypes.util
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass  # not glibc
-
-
 def main():
     interrupt.install()
-    limit_malloc_arenas()
+    log.RESULTS_ALWAYS = True
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -442,15 +678,24 @@ def main():
         interrupt.stop_now(getattr(e, "signum", 2))
     except OSError as e:
         if e.errno == errno.ENOSPC:
-            click.echo(f"Error: disk full ({e.filename or 'while writing'}): free some space and "
-                       f"run the same command again; finished chunks are kept", err=True)
+            click.echo(
+                f"Error: disk full ({e.filename or 'while writing'}): free some space and "
+                f"run the same command again; finished chunks are kept",
+                err=True,
+            )
         else:
-            click.echo(f"Error: {e.strerror or e} ({e.filename or 'while reading or writing'}); "
-                       f"finished chunks are kept: run the same command again", err=True)
+            click.echo(
+                f"Error: {e.strerror or e} ({e.filename or 'while reading or writing'}); "
+                f"finished chunks are kept: run the same command again",
+                err=True,
+            )
         sys.exit(1)
     except MemoryError:
-        click.echo("Error: out of memory; finished chunks are kept: try a smaller --chunk-size "
-                   "or --batch-size and run again", err=True)
+        click.echo(
+            "Error: out of memory; finished chunks are kept: try a smaller --chunk-size "
+            "or --batch-size and run again",
+            err=True,
+        )
         sys.exit(1)
 
 

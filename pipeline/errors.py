@@ -1,5 +1,6 @@
 """segpipe's exceptions. Each carries one line that names the problem; the CLI prints it as
 `Error: <message>` and exits 1, and Python callers can catch the class they care about."""
+
 from __future__ import annotations
 
 
@@ -27,8 +28,10 @@ class DamagedStore(SegpipeError):
     """A chunk that the ledger says is done cannot be read back intact."""
 
     def __init__(self, store, name: str, chunk: int, reason: str):
-        super().__init__(f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
-                         f"run `segpipe repair --store {store}`")
+        super().__init__(
+            f"store {store} is damaged: array {name!r} chunk {chunk} {reason}; "
+            f"run `segpipe repair --store {store}`"
+        )
         self.store, self.name, self.chunk, self.reason = store, name, chunk, reason
 
     def __reduce__(self):  # raised on a Dask worker, it travels to the client pickled

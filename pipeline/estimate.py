@@ -54,21 +54,22 @@ first). `--no-space-check` skips the check (not `--force`, which starts over a s
 with other settings: overriding a space check must not also discard work). A source whose
 frame count nobody claims is not checked, and says so.
 """
+
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .chunks import ChunkPlan, pass_chunks, pass_frame_count_in, passes
-from .errors import NotEnoughSpace
+from segpipe.fsutil import tree_bytes
+from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, passes
 
 GROUPS = ("frames", "features", "memory", "masks", "other")
-STAGE_GROUPS = {"decode": ("frames",), "encode": ("frames", "features"),
-                "track": ("frames", "features", "memory", "masks")}
+STAGE_GROUPS = {
+    "decode": ("frames",),
+    "encode": ("frames", "features"),
+    "track": ("frames", "features", "memory", "masks"),
+}
 
 # SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
 # frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15, mem_dim 64, hidden_dim 256.
@@ -78,7 +79,8 @@ NUM_MASKMEM, MAX_OBJ_PTRS = 7, 16
 
 def widths(model: str | None) -> tuple[int, int]:
     """(mem_dim, hidden_dim) of `model`; the official ones' where it is not known yet."""
-    from .model import model_widths
+    from segpipe.model import model_widths
+
     return model_widths(model) if model else (64, 256)
 
 
@@ -86,6 +88,7 @@ def level_shapes(hidden_dim: int) -> tuple:
     """(channels, stride) of the stored levels: [C, S/stride, S/stride] (levels 0 and 1 come
     out of the mask decoder's conv_s0 / conv_s1: hidden_dim / 8 and / 4 channels)."""
     return (hidden_dim // 8, 4), (hidden_dim // 4, 8), (hidden_dim, 16)
+
 
 # Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).
 RESIDENT_CHUNKS = 3  # chunks of frames and of features a `--keep masks` run has on disk at once
@@ -107,6 +110,7 @@ class Part:
 @dataclass
 class Estimate:
     """The expected bytes of a finished store, by group, with what each figure rests on."""
+
     frames: int
     frames_basis: str
     chunk_size: int
@@ -121,28 +125,38 @@ class Estimate:
     def bytes_for(self, stages, keep: str = "all") -> int:
         """What the groups written by `stages` come to, with `other`; under `keep="masks"`
         frames and features at most `RESIDENT_CHUNKS` chunks of them (what a run keeps at
-        once: see `segpipe.retention`)."""
+        once: see `segpipe.store.retention`)."""
         groups = {g for s in stages for g in STAGE_GROUPS[s]} | {"other"}
         chunks = -(-self.frames // self.chunk_size)
         total = 0
         for g, p in self.parts.items():
             if g in groups:
                 dropped = keep == "masks" and g in ("frames", "features")
-                total += min(p.bytes, -(-p.bytes * RESIDENT_CHUNKS // chunks)) if dropped else p.bytes
+                total += (
+                    min(p.bytes, -(-p.bytes * RESIDENT_CHUNKS // chunks)) if dropped else p.bytes
+                )
         return total
 
     def as_dict(self) -> dict:
-        return {"frames": self.frames, "frames_basis": self.frames_basis,
-                "objects": self.objects, "total": self.total,
-                "groups": {g: {"bytes": p.bytes, "basis": p.basis} for g, p in self.parts.items()}}
+        return {
+            "frames": self.frames,
+            "frames_basis": self.frames_basis,
+            "objects": self.objects,
+            "total": self.total,
+            "groups": {g: {"bytes": p.bytes, "basis": p.basis} for g, p in self.parts.items()},
+        }
 
     def lines(self) -> list[str]:
-        out = [f"storage estimate: {self.frames:,} frames ({self.frames_basis}), image size "
-               f"{self.image_size}, chunk size {self.chunk_size}"]
+        out = [
+            f"storage estimate: {self.frames:,} frames ({self.frames_basis}), image size "
+            f"{self.image_size}, chunk size {self.chunk_size}"
+        ]
         for g, p in self.parts.items():
             out.append(f"  {g:<9} {human(p.bytes):>11}  {p.basis}")
-        out.append(f"  {'total':<9} {human(self.total):>11}"
-                   + ("" if self.objects is not None else "  (memory and masks for 1 object)"))
+        out.append(
+            f"  {'total':<9} {human(self.total):>11}"
+            + ("" if self.objects is not None else "  (memory and masks for 1 object)")
+        )
         return out
 
 
@@ -156,6 +170,7 @@ def human(n: float) -> str:
 
 # -- the parts --------------------------------------------------------------------------------
 
+
 def level_itemsizes(embedding_dtype: str, precision: str) -> tuple[int, int, int]:
     """Bytes per value of the three stored levels (`stages/encode.py storage_dtype`)."""
     if embedding_dtype == "float32":
@@ -165,20 +180,31 @@ def level_itemsizes(embedding_dtype: str, precision: str) -> tuple[int, int, int
     return 2, 2, 2
 
 
-def features_part(T: int, C: int, S: int, embedding_dtype: str, precision: str,
-                  stored: list | None = None, basis: str | None = None,
-                  hidden_dim: int = 256) -> Part:
+def features_part(
+    T: int,
+    C: int,
+    S: int,
+    embedding_dtype: str,
+    precision: str,
+    stored: list | None = None,
+    basis: str | None = None,
+    hidden_dim: int = 256,
+) -> Part:
     """Exact: uncompressed, full-size chunks. `stored`: (itemsize, per-frame values) of the
     store's own level arrays, when they exist."""
     chunks = ChunkPlan(T, C).num_chunks
     if stored is None:
         sizes = level_itemsizes(embedding_dtype, precision)
-        stored = [(size, ch * (S // st) ** 2)
-                  for size, (ch, st) in zip(sizes, level_shapes(hidden_dim))]
+        stored = [
+            (size, ch * (S // st) ** 2) for size, (ch, st) in zip(sizes, level_shapes(hidden_dim))
+        ]
     total = sum(chunks * (C * n * size + 4) + ARRAY_META for size, n in stored)
     per_frame = sum(n * size for size, n in stored)
-    return Part(total, basis or f"{embedding_dtype} under {precision} precision, "
-                               f"{human(per_frame)} a frame, exact")
+    return Part(
+        total,
+        basis
+        or f"{embedding_dtype} under {precision} precision, {human(per_frame)} a frame, exact",
+    )
 
 
 def frames_part(T: int, C: int, S: int, per_frame: float | None, basis: str) -> Part:
@@ -193,6 +219,7 @@ def frames_part(T: int, C: int, S: int, per_frame: float | None, basis: str) -> 
 @dataclass(frozen=True)
 class Prompted:
     """What the estimate needs of a prompt: its object, its frame, whether it is a mask."""
+
     object_id: int
     frame: int
     mask: bool = False
@@ -209,10 +236,15 @@ def summarize_prompts(prompts) -> list[Prompted]:
     return out
 
 
-def tracking_layout(T: int, prompts: list[Prompted] | None, direction: str | None,
-                    object_start: str | None) -> tuple[int, int, str, dict, list]:
+def tracking_layout(
+    T: int, prompts: list[Prompted] | None, direction: str | None, object_start: str | None
+) -> tuple[int, int, str, dict, list]:
     """(objects, start frame, direction, per-object first tracked frame, prompt list);
-    without prompts one object prompted on frame 0, forward (so: per object)."""
+    without prompts one object prompted on frame 0, forward (so: per object). A prompt on a
+    frame past the `T` a container claims counts on its last frame (the claim may be short:
+    the prompts' frames are checked once the video is decoded)."""
+    if prompts and T:
+        prompts = [p if p.frame < T else Prompted(p.object_id, T - 1, p.mask) for p in prompts]
     if not prompts:
         prompts = [Prompted(1, 0)]
         direction = "forward"
@@ -226,8 +258,16 @@ def tracking_layout(T: int, prompts: list[Prompted] | None, direction: str | Non
     return len(ids), start, direction or "both", first, prompts
 
 
-def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction: str,
-                     first: dict, precision: str, model: str | None = None) -> dict[str, list[float]]:
+def memory_snapshots(
+    T: int,
+    C: int,
+    S: int,
+    prompts: list[Prompted],
+    direction: str,
+    first: dict,
+    precision: str,
+    model: str | None = None,
+) -> dict[str, list[float]]:
     """Per pass, the counted bytes of the prompted outputs (index 0) and of each chunk's
     snapshot in the pass's order (1..)."""
     plan = ChunkPlan(T, C)
@@ -240,8 +280,9 @@ def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction:
     start = min(p.frame for p in prompts)
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     K = max(len(c) for c in cond.values())
-    prompted = (O * K * (4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
-                + 5 * (CHUNK_OVERHEAD + ARRAY_META))
+    prompted = O * K * (
+        4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho
+    ) + 5 * (CHUNK_OVERHEAD + ARRAY_META)
     small = O * (2 * P + M) * 4 + 5 * CHUNK_OVERHEAD  # frame indices, scores, headers
     out = {}
     for d in passes(direction):
@@ -255,8 +296,9 @@ def memory_snapshots(T: int, C: int, S: int, prompts: list[Prompted], direction:
             for i in ids:  # frames this object is tracked on in the chunk, less its prompted ones
                 a, b = max(lo, first[i]), hi
                 tracked = pass_frame_count_in(d, start, a, b) if a < b else 0
-                prompted_here = sum(1 for f in cond[i] if a <= f < b and f in
-                                    range(*_pass_span(d, start, lo, hi)))
+                prompted_here = sum(
+                    1 for f in cond[i] if a <= f < b and f in range(*_pass_span(d, start, lo, hi))
+                )
                 seen[i] += tracked - prompted_here
                 mem += min(M, seen[i])
                 ptr += min(P, seen[i])
@@ -275,39 +317,62 @@ def _pass_span(direction: str, start: int, lo: int, hi: int) -> tuple[int, int]:
     return max(start, lo), hi
 
 
-def masks_part(T: int, C: int, H: int, W: int, O: int, tracked: int, masks_prompts: int,
-               per_frame: float | None, basis: str | None) -> Part:
+def masks_part(
+    T: int,
+    C: int,
+    H: int,
+    W: int,
+    O: int,
+    tracked: int,
+    masks_prompts: int,
+    per_frame: float | None,
+    basis: str | None,
+) -> Part:
     """masks (per_frame: measured bytes per tracked frame, else raw / MASK_RATIO), object
     scores, tracked, prompt masks."""
     chunks = ChunkPlan(T, C).num_chunks
     raw = O * H * W
     per = per_frame if per_frame is not None else raw / MASK_RATIO
     masks = per * tracked + chunks * CHUNK_OVERHEAD + ARRAY_META
-    rest = (T * O * 4 + T + 2 * chunks * CHUNK_OVERHEAD + 2 * ARRAY_META
-            + (masks_prompts * H * W / MASK_RATIO + ARRAY_META if masks_prompts else 0))
-    return Part(int(masks + rest), basis or f"zstd assumed 1:{MASK_RATIO:g} of "
-                                            f"{human(raw)} a frame until tracked")
+    rest = (
+        T * O * 4
+        + T
+        + 2 * chunks * CHUNK_OVERHEAD
+        + 2 * ARRAY_META
+        + (masks_prompts * H * W / MASK_RATIO + ARRAY_META if masks_prompts else 0)
+    )
+    return Part(
+        int(masks + rest),
+        basis or f"zstd assumed 1:{MASK_RATIO:g} of {human(raw)} a frame until tracked",
+    )
 
 
 def tracked_frames(T: int, start: int, direction: str) -> int:
     return sum(pass_frame_count_in(d, start, 0, T) for d in passes(direction))
 
 
-def other_part(T: int, C: int, pass_chunk_counts: list[int], exports: int,
-               prompts_json: int) -> Part:
+def other_part(
+    T: int, C: int, pass_chunk_counts: list[int], exports: int, prompts_json: int
+) -> Part:
     n = ChunkPlan(T, C).num_chunks
     ledgers = [n, n, *pass_chunk_counts] + [n] * exports
-    total = (sum(LEDGER_META + 5 * c for c in ledgers) + ROOT_META + prompts_json
-             + GROUP_META * (3 + len(pass_chunk_counts)))
+    total = (
+        sum(LEDGER_META + 5 * c for c in ledgers)
+        + ROOT_META
+        + prompts_json
+        + GROUP_META * (3 + len(pass_chunk_counts))
+    )
     return Part(int(total), "ledgers and metadata")
 
 
 # -- building one -----------------------------------------------------------------------------
 
+
 @dataclass
 class Later:
     """What the stages after this one will use, where known (None: the store's, else the
     defaults)."""
+
     embedding_dtype: str | None = None
     precision: str | None = None
     prompts: list | None = None  # Prompt objects or stored entries
@@ -318,8 +383,18 @@ class Later:
     model: str | None = None  # decides the widths of features and memory
 
 
-def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Later,
-          frame_rate: tuple[float | None, str], store=None, sizes: dict | None = None) -> Estimate:
+def build(
+    T: int,
+    frames_basis: str,
+    C: int,
+    S: int,
+    W: int,
+    H: int,
+    later: Later,
+    frame_rate: tuple[float | None, str],
+    store=None,
+    sizes: dict | None = None,
+) -> Estimate:
     """The estimate for these settings; `store` (and its `sizes` on disk, by array) replace
     figures with measured ones where the store has them."""
     attrs = store.attrs if store is not None else {}
@@ -328,55 +403,129 @@ def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Late
     track = attrs.get("track") or {}
     emb = later.embedding_dtype or model.get("embedding_dtype") or "float32"
     precision = later.precision or model.get("precision") or "float32"
-    if later.prompts is not None:
-        prompts = summarize_prompts(later.prompts)
-    elif track.get("prompts"):
-        prompts = summarize_prompts(track["prompts"])
-    else:
-        prompts = None
+    prompts = _prompts_of(later, track)
     direction = later.direction or track.get("direction")
     object_start = later.object_start or (track.get("options") or {}).get("object_start")
     est = Estimate(T, frames_basis, C, S, len({p.object_id for p in prompts}) if prompts else None)
 
     est.parts["frames"] = frames_part(T, C, S, *frame_rate)
 
+    name = later.model or model.get("name")
+    est.parts["features"] = _features_estimate(T, C, S, emb, precision, later, model, name, store)
+
+    same_tracking = _same_tracking(store, track, later, prompts)
+    O, start, direction, first, plist = tracking_layout(T, prompts, direction, object_start)
+    snaps = memory_snapshots(T, C, S, plist, direction, first, precision, name)
+    est.parts["memory"] = _memory_estimate(snaps, O, prompts, store, same_tracking, sizes)
+    est.parts["masks"] = _masks_estimate(
+        T, C, H, W, O, start, direction, plist, prompts, store, same_tracking
+    )
+    prompts_json = (
+        len(json.dumps(track.get("prompts", [])))
+        if same_tracking
+        else 100 * len(plist)
+        if prompts
+        else 0
+    )
+    counts = [len(v) - 1 for v in snaps.values()]
+    est.parts["other"] = other_part(T, C, counts, later.exports, prompts_json)
+
+    # What a finished stage holds is no longer an estimate: the bytes on disk.
+    if store is not None and sizes:
+        _finished_on_disk(est, store, sizes, T, C, same_tracking, start, direction)
+    return est
+
+
+def _prompts_of(later: Later, track: dict) -> list[Prompted] | None:
+    """The prompts the tracking will use: those given, else the store's, else None."""
+    if later.prompts is not None:
+        return summarize_prompts(later.prompts)
+    if track.get("prompts"):
+        return summarize_prompts(track["prompts"])
+    return None
+
+
+def _features_estimate(
+    T: int,
+    C: int,
+    S: int,
+    emb: str,
+    precision: str,
+    later: Later,
+    model: dict,
+    name: str | None,
+    store,
+) -> Part:
+    """The features part, from the store's own level arrays where they exist."""
     stored = None
     if store is not None and later.embedding_dtype is None:
         arrays = [store.array(f"features/level{i}") for i in range(3)]
         if all(a is not None for a in arrays):
             stored = [(a.dtype.itemsize, math.prod(a.shape[1:])) for a in arrays]
     default = "" if (later.embedding_dtype or model) else " (encode's default)"
-    name = later.model or model.get("name")
-    est.parts["features"] = features_part(T, C, S, emb, precision, stored,
-                                          hidden_dim=widths(name)[1])
-    est.parts["features"].basis += default
+    part = features_part(T, C, S, emb, precision, stored, hidden_dim=widths(name)[1])
+    part.basis += default
+    return part
 
+
+def _same_tracking(store, track: dict, later: Later, prompts: list[Prompted] | None) -> bool:
+    """Whether the tracking estimated is the one the store records (its figures then count)."""
     given = later.direction or track.get("direction")
-    same_tracking = store is not None and bool(track) and (
-        later.prompts is None or (prompts == summarize_prompts(track.get("prompts", []))
-                                  and given == track.get("direction")))
-    O, start, direction, first, plist = tracking_layout(T, prompts, direction, object_start)
-    snaps = memory_snapshots(T, C, S, plist, direction, first, precision, name)
+    return (
+        store is not None
+        and bool(track)
+        and (
+            later.prompts is None
+            or (
+                prompts == summarize_prompts(track.get("prompts", []))
+                and given == track.get("direction")
+            )
+        )
+    )
+
+
+def _memory_estimate(snaps: dict, O: int, prompts, store, same_tracking: bool, sizes: dict) -> Part:
+    """The memory part: the counted snapshots, scaled by those a pass has written so far."""
     memory, measured = 0, False
     for d, counted in snaps.items():
         recent_meta = 5 * ARRAY_META
         pass_total = sum(counted) + recent_meta
-        done = store.ledger(f"track_{d}").count() if same_tracking else 0
+        done = store.pass_ledger(d).count() if same_tracking else 0
         if done:  # scale the count by what the snapshots written so far measure
             written = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/recent_"))
             written -= recent_meta
             prompted = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/prompted_"))
-            counted_written = sum(counted[1:1 + done])
+            counted_written = sum(counted[1 : 1 + done])
             if written > 0 and counted_written > 0 and prompted > 0:
-                rest = sum(counted[1 + done:]) * written / counted_written
+                rest = sum(counted[1 + done :]) * written / counted_written
                 pass_total = prompted + written + rest + recent_meta
                 measured = True
         memory += pass_total
-    what = (f"{O} object{'s' if O != 1 else ''}, passes {'+'.join(snaps) or 'none'}" if prompts
-            else "per object, one pass over every frame")
-    est.parts["memory"] = Part(int(memory), what + (", scaled by the snapshots written"
-                                                     if measured else ", counted slot by slot"))
+    what = (
+        f"{O} object{'s' if O != 1 else ''}, passes {'+'.join(snaps) or 'none'}"
+        if prompts
+        else "per object, one pass over every frame"
+    )
+    return Part(
+        int(memory),
+        what + (", scaled by the snapshots written" if measured else ", counted slot by slot"),
+    )
 
+
+def _masks_estimate(
+    T: int,
+    C: int,
+    H: int,
+    W: int,
+    O: int,
+    start: int,
+    direction: str,
+    plist: list[Prompted],
+    prompts,
+    store,
+    same_tracking: bool,
+) -> Part:
+    """The masks part, measured on the store's tracked chunks where it has them."""
     tracked = tracked_frames(T, start, direction)
     per_frame, basis = None, None
     masks = store.array("masks") if (store is not None and same_tracking) else None
@@ -384,39 +533,46 @@ def build(T: int, frames_basis: str, C: int, S: int, W: int, H: int, later: Late
         per_frame = measured_mask_bytes(store, T, C, start, direction)
         if per_frame is not None:
             basis = f"measured on the tracked chunks, {human(per_frame)} a frame"
-    est.parts["masks"] = masks_part(T, C, H, W, O, tracked, sum(p.mask for p in plist),
-                                    per_frame, basis)
+    part = masks_part(T, C, H, W, O, tracked, sum(p.mask for p in plist), per_frame, basis)
     if not prompts:
-        est.parts["masks"].basis += " (per object)"
-    prompts_json = (len(json.dumps(track.get("prompts", []))) if same_tracking
-                    else 100 * len(plist) if prompts else 0)
-    counts = [len(v) - 1 for v in snaps.values()]
-    est.parts["other"] = other_part(T, C, counts, later.exports, prompts_json)
+        part.basis += " (per object)"
+    return part
 
-    # What a finished stage holds is no longer an estimate: the bytes on disk.
-    if store is not None and sizes:
-        if "frame_count" in attrs:
-            est.parts["frames"] = Part(_sum(sizes, "frames"), "on disk (decoded)")
-        plan = ChunkPlan(T, C)
-        if same_tracking and all(store.ledger(f"track_{d}").count() >= len(pass_chunks(plan, d, start))
-                                 for d in passes(direction)):
-            for g in ("memory", "masks"):
-                est.parts[g] = Part(_sum(sizes, g), "on disk (tracked)")
-    return est
+
+def _finished_on_disk(
+    est: Estimate,
+    store,
+    sizes: dict,
+    T: int,
+    C: int,
+    same_tracking: bool,
+    start: int,
+    direction: str,
+) -> None:
+    """Replace the figures of finished stages (decode, every tracking pass) by their bytes."""
+    if "frame_count" in store.attrs:
+        est.parts["frames"] = Part(_sum(sizes, "frames"), "on disk (decoded)")
+    plan = ChunkPlan(T, C)
+    if same_tracking and all(
+        store.pass_ledger(d).count() >= len(pass_chunks(plan, d, start)) for d in passes(direction)
+    ):
+        for g in ("memory", "masks"):
+            est.parts[g] = Part(_sum(sizes, g), "on disk (tracked)")
 
 
 def _sum(sizes: dict, group: str) -> int:
     return sum(v for n, v in sizes.items() if group_of(n) == group)
 
 
-def measured_mask_bytes(store, T: int, C: int, start: int, direction: str,
-                        sample: int = 64) -> float | None:
+def measured_mask_bytes(
+    store, T: int, C: int, start: int, direction: str, sample: int = 64
+) -> float | None:
     """Bytes per tracked frame of the masks, from the chunk files of (up to `sample`) chunks
     some pass has committed."""
     plan = ChunkPlan(T, C)
     done = set()
     for d in passes(direction):
-        vector = store.ledger(f"track_{d}").done()
+        vector = store.pass_ledger(d).done()
         done |= {k for k in pass_chunks(plan, d, start) if k < len(vector) and vector[k]}
     if not done:
         return None
@@ -425,39 +581,12 @@ def measured_mask_bytes(store, T: int, C: int, start: int, direction: str,
     total = frames = 0
     for k in chunks[::step]:
         folder = store.path / "masks" / "c" / str(k)
-        total += _tree_bytes(folder) if folder.exists() else 0
+        total += tree_bytes(folder) if folder.exists() else 0
         frames += sum(pass_frame_count_in(d, start, *plan.bounds(k)) for d in passes(direction))
     return total / frames if frames and total else None
 
 
-def _tree_bytes(folder) -> int:
-    from .store import _tree_bytes as tree
-    return tree(folder)
-
-
 # -- measuring the store ----------------------------------------------------------------------
-
-def disk_usage(path: Path) -> tuple[dict[str, int], int]:
-    """(bytes by array, bytes of the whole store) of the store at `path` ({}, 0 without one)."""
-    from .store import RunStore
-    if not RunStore.exists(path):
-        return {}, 0
-    store = RunStore.open(path, read_only=True)
-    sizes = store.array_bytes()
-    return sizes, store_total(store.path, sizes)
-
-
-def store_total(path: Path, sizes: dict[str, int]) -> int:
-    """Bytes of the whole store: its arrays (`RunStore.array_bytes`, one walk) and the
-    metadata of the groups holding them (the root's and every folder's above an array)."""
-    folders = {Path(".")} | {parent for name in sizes for parent in Path(name).parents}
-    total = sum(sizes.values())
-    for folder in folders:
-        try:
-            total += os.stat(Path(path) / folder / "zarr.json").st_size
-        except OSError:
-            pass
-    return total
 
 
 def group_bytes(sizes: dict[str, int], total: int) -> dict[str, int]:
@@ -490,12 +619,14 @@ def frame_rate_of(store, sizes: dict) -> tuple[float | None, str] | None:
         return None
     n = arr.shape[0]
     complete = "frame_count" in store.attrs
-    return data / n, ("measured, all frames" if complete
-                      else f"measured on the {n:,} frames stored")
+    return data / n, (
+        "measured, all frames" if complete else f"measured on the {n:,} frames stored"
+    )
 
 
-def from_store(store, later: Later | None = None, sample: tuple | None = None,
-               sizes: dict | None = None) -> Estimate | None:
+def from_store(
+    store, later: Later | None = None, sample: tuple | None = None, sizes: dict | None = None
+) -> Estimate | None:
     """The estimate for an existing store (status, a resumed decode, encode, run); None when
     the frame count is unknown. `sample`: (bytes per frame, basis) from a source sample, used
     while the store holds no frame."""
@@ -524,186 +655,23 @@ def _claim(video: dict) -> str:
     return "counted in the folder" if video.get("kind") == "frames" else "as the container claims"
 
 
-def before_decode(info, C: int, S: int, later: Later | None, sample: tuple | None) -> Estimate | None:
+def before_decode(
+    info, C: int, S: int, later: Later | None, sample: tuple | None
+) -> Estimate | None:
     """The estimate for a store not created yet: the probe's claimed frame count, the sample."""
     if not info.claimed_frames:
         return None
     rate = sample or (None, "raw size (no sample): an upper bound")
-    return build(info.claimed_frames, _claim({"kind": info.kind}), C, S, info.width, info.height,
-                 later or Later(), rate)
-
-
-def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] | None:
-    """Compressed bytes per frame of the source at model size S, as the store will compress
-    them: up to `SAMPLE_FRAMES` consecutive frames from the start and from the middle, each
-    run compressed as one chunk (zstd level 3 and a crc32c, the store's codecs); the mean.
-    None when no frame can be sampled (the estimate then uses the raw size)."""
-    import numpy as np
-    from numcodecs import Zstd
-    from .stages.decode import model_input
-    n = max(1, min(C, SAMPLE_FRAMES))
-    runs = []
-    try:
-        starts = [0]
-        if info.claimed_frames and info.claimed_frames >= 3 * n:
-            starts.append(info.claimed_frames // 2)
-        for start in starts:
-            pictures = _pictures(Path(video), info, start, n)
-            if pictures:
-                chunk = np.stack([model_input(p, S) for p in pictures])
-                runs.append((len(Zstd(level=3).encode(chunk.tobytes())) + 4, len(chunk)))
-    except Exception:  # noqa: BLE001 - a sample is a hint: damage is decode's to report
-        pass
-    if not runs:
-        return None
-    per_frame = sum(b for b, _ in runs) / sum(n for _, n in runs)
-    frames = sum(n for _, n in runs)
-    return per_frame, f"zstd, {human(per_frame)} a frame measured on {frames} sample frames"
-
-
-def _pictures(video: Path, info, start: int, n: int) -> list:
-    """`n` pictures from about frame `start` (a seek to its time: position need not be
-    exact for a sample)."""
-    if video.is_dir():
-        from .frame_folder import iter_frames
-        out = []
-        for _, _, picture in iter_frames(video, start):
-            out.append(picture)
-            if len(out) == n:
-                break
-        return out
-    from .video import Picture, _decode, open_video
-    container, stream = open_video(video, info.stream)
-    try:
-        if start and info.fps:
-            target = (info.start_time + start / info.fps) / stream.time_base
-            container.seek(int(target), stream=stream, backward=True, any_frame=False)
-        out = []
-        for frame in _decode(container, stream):
-            out.append(Picture(frame))
-            if len(out) == n:
-                break
-        return [_Loaded(p()) for p in out]  # converted while the container is open
-    finally:
-        container.close()
-
-
-class _Loaded:
-    def __init__(self, image):
-        self.image = image
-
-    def __call__(self):
-        return self.image
+    return build(
+        info.claimed_frames,
+        _claim({"kind": info.kind}),
+        C,
+        S,
+        info.width,
+        info.height,
+        later or Later(),
+        rate,
+    )
 
 
 # -- the check --------------------------------------------------------------------------------
-
-def free_bytes(path: Path) -> tuple[int, Path]:
-    """Free bytes (for this user) on the file system of `path` or of its nearest existing
-    parent, and that folder."""
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free, path
-
-
-def check(est: Estimate | None, store_path: Path, stages, command: str, quiet: bool,
-          enabled: bool = True, present: int | None = None, keep: str = "all") -> None:
-    """Print the estimate (unless `quiet`), then refuse with `NotEnoughSpace` when the store
-    needs more bytes than its file system has free (under `keep="masks"`, frames and
-    features counted as `RESIDENT_CHUNKS` chunks)."""
-    from . import log
-    if est is None:
-        log.info(f"{command}: no storage estimate (the source does not say how many frames it "
-                 f"has); free space not checked", quiet)
-        return
-    if present is None:
-        present = disk_usage(store_path)[1]
-    need = max(0, est.bytes_for(stages, keep) - present)
-    free, where = free_bytes(store_path)
-    for line in est.lines():
-        log.info(line, quiet)
-    held = (f" (--keep masks: frames and features {RESIDENT_CHUNKS} chunks at a time)"
-            if keep == "masks" else "")
-    log.info(f"{command} writes up to {human(est.bytes_for(stages, keep))} of it{held}"
-             + (f" ({human(present)} already in the store)" if present else "")
-             + f"; {human(free)} free on {where}", quiet)
-    if enabled and need > free:
-        raise NotEnoughSpace(
-            f"not enough space for {store_path}: {command} needs about {human(need)} more, "
-            f"{where} has {human(free)} free; free some space, or pass --no-space-check to "
-            f"start anyway")
-
-
-class SpaceGuard:
-    """The estimate and the free-space check of one command, made once, just before the
-    first stage that has work writes anything (decode and encode call it; `run` calls
-    `before_track` itself when decode and encode had nothing to do).
-
-    `stages`: the stages the command runs ("decode", "encode", "track"), whose groups the
-    check counts; `later`: what the later stages will use; `keep`: the retention the
-    command works under (None: the store's setting, for a `run` that resumes it)."""
-
-    def __init__(self, store_path, stages, command: str, later: Later | None = None,
-                 enabled: bool = True, quiet: bool = False, keep: str | None = "all"):
-        self.store_path, self.stages, self.command = Path(store_path), tuple(stages), command
-        self.later, self.enabled, self.quiet = later or Later(), enabled, quiet
-        self.keep, self.done = keep, False
-
-    def before_decode(self, store, video: Path, info, C: int, S: int) -> None:
-        """Decode is about to write: `store` is the store it resumes, or None (a new store,
-        or one started over: `--force`)."""
-        if self.done:
-            return
-        later = self._later(info.width, info.height)
-        sizes = store.array_bytes() if store is not None else {}
-        sample = None
-        if store is None or frame_rate_of(store, sizes) is None:
-            sample = sample_frame_bytes(video, info, C, S)
-        if store is not None:
-            est = from_store(store, later, sample, sizes)
-        else:
-            est = before_decode(info, C, S, later, sample)
-        self._check(est, store)
-
-    def before_encode(self, store, embedding_dtype: str, precision: str) -> None:
-        """Encode is about to write, with these settings."""
-        if self.done:
-            return
-        video = store.attrs["video"]
-        later = self._later(video["width"], video["height"])
-        later.embedding_dtype, later.precision = embedding_dtype, precision
-        self._check(from_store(store, later), store)
-
-    def before_track(self, store) -> None:
-        """`run`, when decode and encode had nothing to do."""
-        if not self.done:
-            video = store.attrs["video"]
-            self._check(from_store(store, self._later(video["width"], video["height"])), store)
-
-    def _later(self, width: int, height: int) -> Later:
-        """`later` with its prompts read (objects, frames, mask prompts: the frame range is
-        track's to check once the frame count is known; prompts that cannot be read are
-        reported by track, and the estimate is then per object) and the default precision
-        of the device where it matters (bfloat16 embeddings)."""
-        later = Later(**vars(self.later))
-        if later.prompts is not None:
-            from . import prompts as prompt_file
-            try:
-                later.prompts = prompt_file.load(later.prompts, 1 << 62, width, height)
-            except Exception:  # noqa: BLE001
-                later.prompts = None
-        if later.embedding_dtype == "bfloat16" and later.precision is None:
-            from .model import pick_device, pick_precision
-            try:
-                later.precision = pick_precision(None, pick_device(later.device))
-            except Exception:  # noqa: BLE001 - encode reports a bad device
-                pass
-        return later
-
-    def _check(self, est: Estimate | None, store) -> None:
-        from .retention import keep_setting
-        self.done = True
-        keep = self.keep or (keep_setting(store) if store is not None else "all")
-        check(est, self.store_path, self.stages, self.command, self.quiet, self.enabled,
-              keep=keep)

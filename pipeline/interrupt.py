@@ -8,6 +8,7 @@ The second signal (and any signal outside a writing command) ends the process at
 exception from wherever the signal lands (a thread pool's shutdown, a `finally`, the
 interpreter's exit) could end in a traceback or in Python's own SIGINT exit instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,10 @@ def _handler(signum, _frame):
     if _requested is not None or not _graceful:
         stop_now(signum)
     _requested = signum
-    _say(f"\nwarning: {signal.Signals(signum).name}: finishing the chunk in flight "
-         f"(send it again to stop at once)\n")
+    _say(
+        f"\nwarning: {signal.Signals(signum).name}: finishing the chunk in flight "
+        f"(send it again to stop at once)\n"
+    )
 
 
 def stop_now(signum: int) -> None:

@@ -7,33 +7,70 @@ pointers (`mat1 and mat2 must have the same dtype`). `install_memory_cast` casts
 to float32 before memory attention, exactly what `torch.cat` already does as soon as a float32
 pointer joins the bfloat16 memories, so every other case stays bit-identical.
 """
+
 from __future__ import annotations
 
 import functools
 import threading
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput
-from .store import file_identity
+from segpipe.errors import BadInput
+from segpipe.sources.identity import file_identity
+from segpipe.store.runstore import RunStore
 
 # model name -> (config inside the sam2 package, official checkpoint file, Hugging Face repo)
 OFFICIAL = {
-    "sam2.1_hiera_t": ("configs/sam2.1/sam2.1_hiera_t.yaml", "sam2.1_hiera_tiny.pt", "facebook/sam2.1-hiera-tiny"),
-    "sam2.1_hiera_s": ("configs/sam2.1/sam2.1_hiera_s.yaml", "sam2.1_hiera_small.pt", "facebook/sam2.1-hiera-small"),
-    "sam2.1_hiera_b+": ("configs/sam2.1/sam2.1_hiera_b+.yaml", "sam2.1_hiera_base_plus.pt", "facebook/sam2.1-hiera-base-plus"),
-    "sam2.1_hiera_l": ("configs/sam2.1/sam2.1_hiera_l.yaml", "sam2.1_hiera_large.pt", "facebook/sam2.1-hiera-large"),
-    "sam2_hiera_t": ("configs/sam2/sam2_hiera_t.yaml", "sam2_hiera_tiny.pt", "facebook/sam2-hiera-tiny"),
-    "sam2_hiera_s": ("configs/sam2/sam2_hiera_s.yaml", "sam2_hiera_small.pt", "facebook/sam2-hiera-small"),
-    "sam2_hiera_b+": ("configs/sam2/sam2_hiera_b+.yaml", "sam2_hiera_base_plus.pt", "facebook/sam2-hiera-base-plus"),
-    "sam2_hiera_l": ("configs/sam2/sam2_hiera_l.yaml", "sam2_hiera_large.pt", "facebook/sam2-hiera-large"),
+    "sam2.1_hiera_t": (
+        "configs/sam2.1/sam2.1_hiera_t.yaml",
+        "sam2.1_hiera_tiny.pt",
+        "facebook/sam2.1-hiera-tiny",
+    ),
+    "sam2.1_hiera_s": (
+        "configs/sam2.1/sam2.1_hiera_s.yaml",
+        "sam2.1_hiera_small.pt",
+        "facebook/sam2.1-hiera-small",
+    ),
+    "sam2.1_hiera_b+": (
+        "configs/sam2.1/sam2.1_hiera_b+.yaml",
+        "sam2.1_hiera_base_plus.pt",
+        "facebook/sam2.1-hiera-base-plus",
+    ),
+    "sam2.1_hiera_l": (
+        "configs/sam2.1/sam2.1_hiera_l.yaml",
+        "sam2.1_hiera_large.pt",
+        "facebook/sam2.1-hiera-large",
+    ),
+    "sam2_hiera_t": (
+        "configs/sam2/sam2_hiera_t.yaml",
+        "sam2_hiera_tiny.pt",
+        "facebook/sam2-hiera-tiny",
+    ),
+    "sam2_hiera_s": (
+        "configs/sam2/sam2_hiera_s.yaml",
+        "sam2_hiera_small.pt",
+        "facebook/sam2-hiera-small",
+    ),
+    "sam2_hiera_b+": (
+        "configs/sam2/sam2_hiera_b+.yaml",
+        "sam2_hiera_base_plus.pt",
+        "facebook/sam2-hiera-base-plus",
+    ),
+    "sam2_hiera_l": (
+        "configs/sam2/sam2_hiera_l.yaml",
+        "sam2_hiera_large.pt",
+        "facebook/sam2-hiera-large",
+    ),
 }
-# segpipe's own: SAM 2's architecture at a size a CPU trains (data/train_tiny.py), with its
-# config here and its weights shipped in the repository: name -> (config, weights)
+# segpipe's own: SAM 2's architecture at a size a CPU trains (data/train_tiny.py), its config
+# and its weights shipped inside the package (package data): name -> (config, weights)
 SHIPPED = {
-    "segpipe_tiny": (Path(__file__).parent / "configs" / "segpipe_tiny.yaml",
-                     Path(__file__).resolve().parents[1] / "data" / "segpipe_tiny.pt"),
+    "segpipe_tiny": (
+        Path(__file__).parent / "configs" / "segpipe_tiny.yaml",
+        Path(__file__).resolve().parent / "weights" / "segpipe_tiny.pt",
+    ),
 }
 MODELS = [*OFFICIAL, *SHIPPED]
 DEFAULT_MODEL = "sam2.1_hiera_t"
@@ -43,6 +80,7 @@ CHECKPOINT_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/{release}/{f
 @dataclass(frozen=True)
 class Weights:
     """Where the weights come from: a checkpoint file (by sha256) or a random seed."""
+
     checkpoint: Path | None = None
     random_seed: int | None = None
 
@@ -60,8 +98,11 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
     if checkpoint is None and random_seed is None and model in SHIPPED:
         shipped = SHIPPED[model][1]
         if not shipped.is_file():
-            raise BadInput(f"{model}'s weights are not at {shipped}: train them with "
-                           f"python data/train_tiny.py, or pass --checkpoint PATH")
+            raise BadInput(
+                f"{model}'s weights are not at {shipped} (inside the segpipe "
+                f"package): reinstall segpipe, train them with python "
+                f"data/train_tiny.py, or pass --checkpoint PATH"
+            )
         return Weights(checkpoint=shipped)
     if checkpoint is None and random_seed is None:
         _, file, _ = OFFICIAL[model]
@@ -78,6 +119,11 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
     path = Path(checkpoint)
     if not path.is_file():
         raise BadInput(f"checkpoint not found: {path}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive: checked without torch
+        raise BadInput(
+            f"{path} is not a PyTorch checkpoint (not the zip archive torch.save "
+            f"writes): give a SAM 2 checkpoint file (.pt)"
+        )
     return Weights(checkpoint=path)
 
 
@@ -88,6 +134,7 @@ def _hf_checkpoint(repo_id: str) -> Path:
     if repo_id not in files:
         raise BadInput(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
     from huggingface_hub import hf_hub_download
+
     try:
         return Path(hf_hub_download(repo_id=repo_id, filename=files[repo_id]))
     except Exception as e:  # noqa: BLE001 - offline, uncached, network: all one message
@@ -97,8 +144,14 @@ def _hf_checkpoint(repo_id: str) -> Path:
         ) from None
 
 
-def build_model(model: str, image_size: int, weights: Weights, device: str = "cpu",
-                postprocessing: bool = True, non_overlap: bool = False):
+def build_model(
+    model: str,
+    image_size: int,
+    weights: Weights,
+    device: str = "cpu",
+    postprocessing: bool = True,
+    non_overlap: bool = False,
+):
     """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`.
 
     `postprocessing` is `build_sam2_video_predictor`'s `apply_postprocessing` (on by default,
@@ -108,21 +161,40 @@ def build_model(model: str, image_size: int, weights: Weights, device: str = "cp
     import torch
     from sam2.build_sam import build_sam2_video_predictor
 
-    overrides = [f"++model.image_size={image_size}",
-                 f"++model.non_overlap_masks={'true' if non_overlap else 'false'}"]
+    overrides = [
+        f"++model.image_size={image_size}",
+        f"++model.non_overlap_masks={'true' if non_overlap else 'false'}",
+    ]
     if weights.random_seed is not None:
         torch.manual_seed(weights.random_seed)
     with _BUILDING, _config_dir(model) as config:
-        predictor = build_sam2_video_predictor(config, ckpt_path=None, device="cpu",
-                                               hydra_overrides_extra=overrides,
-                                               apply_postprocessing=postprocessing)
+        predictor = build_sam2_video_predictor(
+            config,
+            ckpt_path=None,
+            device="cpu",
+            hydra_overrides_extra=overrides,
+            apply_postprocessing=postprocessing,
+        )
     if weights.checkpoint is not None:
         try:
-            state = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)["model"]
-            predictor.load_state_dict(state, strict=True)
+            loaded = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - whatever torch says, it is not a checkpoint
+            raise BadInput(
+                f"{weights.checkpoint} is not a PyTorch checkpoint ({type(e).__name__})"
+                f": give a SAM 2 checkpoint file (.pt)"
+            ) from None
+        if not isinstance(loaded, dict) or "model" not in loaded:
+            raise BadInput(
+                f"{weights.checkpoint} is a PyTorch file but not a SAM 2 checkpoint "
+                f'(no "model" state dict in it)'
+            )
+        try:
+            predictor.load_state_dict(loaded["model"], strict=True)
         except Exception as e:  # noqa: BLE001
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BadInput(f"checkpoint {weights.checkpoint} does not fit {model}: {first}") from None
+            raise BadInput(
+                f"checkpoint {weights.checkpoint} does not fit {model}: {first}"
+            ) from None
     install_memory_cast(predictor)
     return predictor.to(device).eval()
 
@@ -131,14 +203,17 @@ def made_by_shipped_weights(spec: dict) -> bool:
     """Whether a store's model record (`encode`'s spec) is a shipped model with its shipped
     weights, which later stages then find without --checkpoint."""
     shipped = SHIPPED.get(spec["name"])
-    return bool(shipped and shipped[1].is_file()
-                and spec["weights"] == Weights(checkpoint=shipped[1]).describe())
+    return bool(
+        shipped
+        and shipped[1].is_file()
+        and spec["weights"] == Weights(checkpoint=shipped[1]).describe()
+    )
 
 
 def for_workers(checkpoint: str | None, weights: Weights) -> str | None:
     """The checkpoint Dask workers are sent: the one given (a path, or an hf: name they
     resolve themselves), else the weights resolved here (a shipped model's, found in this
-    checkout), else None (random weights)."""
+    installation), else None (random weights)."""
     return checkpoint or (str(weights.checkpoint) if weights.checkpoint else None)
 
 
@@ -148,10 +223,12 @@ def trained_size(weights: Weights) -> int | None:
     if weights.checkpoint is None:
         return None
     import torch
+
     try:
         # mmap: an official checkpoint's tensors (up to 900 MB) are not read for this
-        size = torch.load(weights.checkpoint, map_location="cpu", weights_only=True,
-                          mmap=True).get("image_size")
+        size = torch.load(weights.checkpoint, map_location="cpu", weights_only=True, mmap=True).get(
+            "image_size"
+        )
     except Exception:  # noqa: BLE001 - unreadable: build_model says so
         return None
     return size if isinstance(size, int) else None
@@ -164,6 +241,7 @@ def model_widths(model: str) -> tuple[int, int]:
     if model not in SHIPPED:
         return 64, 256
     import yaml
+
     config = yaml.safe_load(SHIPPED[model][0].read_text())["model"]
     return config["memory_encoder"]["out_dim"], config["image_encoder"]["neck"]["d_model"]
 
@@ -184,6 +262,7 @@ def _config_dir(model: str):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
     config = SHIPPED[model][0]
     # Hydra's own backup and restore (what its initialize_* context managers use): the sam2
     # package's Hydra, made at `import sam2`, is put back after.
@@ -204,19 +283,34 @@ class Models:
     def __init__(self):
         self.built = {}
 
-    def get(self, model: str, image_size: int, weights: Weights, device: str,
-            postprocessing: bool = True, non_overlap: bool = False):
+    def get(
+        self,
+        model: str,
+        image_size: int,
+        weights: Weights,
+        device: str,
+        postprocessing: bool = True,
+        non_overlap: bool = False,
+    ):
         key = (model, image_size, weights, device, postprocessing, non_overlap)
         if key not in self.built:
-            self.built[key] = build_model(model, image_size, weights, device,
-                                          postprocessing=postprocessing, non_overlap=non_overlap)
+            self.built[key] = build_model(
+                model,
+                image_size,
+                weights,
+                device,
+                postprocessing=postprocessing,
+                non_overlap=non_overlap,
+            )
         return self.built[key]
 
 
 def tracking_options(predictor) -> dict:
     """The build options a predictor was made with, as the track settings record them."""
-    return {"postprocessing": predictor.fill_hole_area > 0,
-            "non_overlap": bool(predictor.non_overlap_masks)}
+    return {
+        "postprocessing": predictor.fill_hole_area > 0,
+        "non_overlap": bool(predictor.non_overlap_masks),
+    }
 
 
 PRECISIONS = ("float32", "bfloat16")
@@ -237,26 +331,34 @@ def autocast(device_type: str, precision: str):
     """The autocast context of `precision` on `device_type` (CPU autocast runs the same code
     path as CUDA's, so the GPU semantics can be tested without a GPU)."""
     import torch
+
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 def _autocast_on(device_type: str) -> bool:
     import torch
+
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4 has only the per-device functions
-        return (torch.is_autocast_cpu_enabled() if device_type == "cpu"
-                else torch.is_autocast_enabled())
+        return (
+            torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+        )
 
 
 def install_memory_cast(predictor) -> None:
     """Cast a memory made only of bfloat16 mask memories to the features' dtype (see above)."""
     import torch
+
     def cast(_module, args, kwargs):
         memory, curr = kwargs.get("memory"), kwargs.get("curr")
-        if (memory is not None and curr and memory.dtype == torch.bfloat16
-                and curr[0].dtype == torch.float32
-                and not _autocast_on(curr[0].device.type)):
+        if (
+            memory is not None
+            and curr
+            and memory.dtype == torch.bfloat16
+            and curr[0].dtype == torch.float32
+            and not _autocast_on(curr[0].device.type)
+        ):
             kwargs["memory"] = memory.to(torch.float32)
         return args, kwargs
 
@@ -267,6 +369,7 @@ def install_memory_cast(predictor) -> None:
 
 def pick_device(device: str) -> str:
     import torch
+
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -279,3 +382,23 @@ def pick_device(device: str) -> str:
         raise BadInput("--device mps asked for, but torch sees no MPS device")
     return device
 
+
+def model_spec(
+    store: RunStore, model: str, weights, embedding_dtype: str, precision: str = "float32"
+) -> dict:
+    return {
+        "name": model,
+        "image_size": store.attrs["image_size"],
+        "weights": weights.describe(),
+        "embedding_dtype": embedding_dtype,
+        "precision": precision,
+    }
+
+
+def check_model(store: RunStore, spec: dict) -> None:
+    """Encode and track refuse to mix embeddings of different models in one store."""
+    existing = store.attrs.get("model")
+    if existing is None:
+        return
+    for key in ("name", "image_size", "weights", "embedding_dtype", "precision"):
+        store.require(f"model {key}", existing[key], spec[key])

@@ -11,6 +11,7 @@ numpy array). An `id_mask` is an indexed PNG whose pixel values are object ids (
 annotation): one mask prompt per non-zero id on it, lowest id first, as SAM 2's
 vos_inference adds them. Applied in order.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .errors import BadInput
+from segpipe.errors import BadInput
 
 ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask", "id_mask"}
 
@@ -36,6 +37,7 @@ class Prompt:
         >>> segpipe.Prompt(2, frame=9, box=[10, 20, 110, 140])
         >>> segpipe.Prompt(3, frame=12, mask=mask)  # (H, W) array, non-zero = object
     """
+
     object_id: int
     frame: int
     points: tuple | None = None  # ((x, y), ...)
@@ -79,11 +81,17 @@ def to_record(prompts: list[Prompt]) -> tuple[list[dict], np.ndarray]:
 
 
 def from_record(entries: list[dict], masks) -> list[Prompt]:
-    return [Prompt(e["object"], e["frame"],
-                   tuple(map(tuple, e["points"])) if "points" in e else None,
-                   tuple(e["labels"]) if "labels" in e else None,
-                   tuple(e["box"]) if "box" in e else None,
-                   masks[e["mask"]] if "mask" in e else None) for e in entries]
+    return [
+        Prompt(
+            e["object"],
+            e["frame"],
+            tuple(map(tuple, e["points"])) if "points" in e else None,
+            tuple(e["labels"]) if "labels" in e else None,
+            tuple(e["box"]) if "box" in e else None,
+            masks[e["mask"]] if "mask" in e else None,
+        )
+        for e in entries
+    ]
 
 
 def object_ids(prompts: list[Prompt]) -> list[int]:
@@ -101,9 +109,13 @@ def load(source, frame_count: int, width: int, height: int) -> list[Prompt]:
         source = [source]
     if not isinstance(source, (list, tuple)) or not source:
         raise BadInput("prompts must be a prompts file path or a non-empty list of prompts")
-    return [p for i, e in enumerate(source)
-            for p in _parse(i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(),
-                            frame_count, width, height)]
+    return [
+        p
+        for i, e in enumerate(source)
+        for p in _parse(
+            i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(), frame_count, width, height
+        )
+    ]
 
 
 def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Prompt]:
@@ -114,12 +126,15 @@ def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Pr
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"prompts file {path} is not valid JSON: {e}") from None
     if not isinstance(doc, dict) or set(doc) != {"prompts"}:
-        raise BadInput(f"prompts file {path} must be an object with the single key \"prompts\"")
+        raise BadInput(f'prompts file {path} must be an object with the single key "prompts"')
     entries = doc["prompts"]
     if not isinstance(entries, list) or not entries:
         raise BadInput(f"prompts file {path} has an empty prompt list")
-    return [p for i, e in enumerate(entries)
-            for p in _parse(i, e, path.parent, frame_count, width, height)]
+    return [
+        p
+        for i, e in enumerate(entries)
+        for p in _parse(i, e, path.parent, frame_count, width, height)
+    ]
 
 
 def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
@@ -138,27 +153,32 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     obj, frame = entry.get("object"), entry.get("frame")
     obj, frame = _plain_int(obj), _plain_int(frame)
     if not _is_int(obj) or obj < 0:
-        fail(f"\"object\" must be a non-negative integer id, got {obj!r}")
+        fail(f'"object" must be a non-negative integer id, got {obj!r}')
     where = f"prompt #{i} (object {obj})"
     if not _is_int(frame):
-        fail(f"\"frame\" must be an integer, got {frame!r}")
+        fail(f'"frame" must be an integer, got {frame!r}')
     if not 0 <= frame < frame_count:
         fail(f"frame {frame} is out of range: the video has frames 0..{frame_count - 1}")
     if not ({"points", "box", "mask"} & set(entry)):
-        fail("needs \"points\" (with \"labels\"), \"box\" or \"mask\"")
+        fail('needs "points" (with "labels"), "box" or "mask"')
     if "mask" in entry and ({"points", "labels", "box"} & set(entry)):
         fail("a mask prompt cannot carry points or a box; give them as separate entries")
     if ("points" in entry) != ("labels" in entry):
-        fail("\"points\" and \"labels\" must be given together")
+        fail('"points" and "labels" must be given together')
 
     points = labels = box = mask = None
     if "points" in entry:
         points, labels = _plain(entry["points"]), _plain(entry["labels"])
-        if not isinstance(points, list) or not points or not all(
-                isinstance(p, list) and len(p) == 2 and all(_is_num(c) for c in p) for p in points):
-            fail("\"points\" must be a non-empty list of [x, y] pairs")
+        if (
+            not isinstance(points, list)
+            or not points
+            or not all(
+                isinstance(p, list) and len(p) == 2 and all(_is_num(c) for c in p) for p in points
+            )
+        ):
+            fail('"points" must be a non-empty list of [x, y] pairs')
         if not isinstance(labels, list) or len(labels) != len(points):
-            fail(f"\"labels\" must be a list of {len(points)} labels, one per point")
+            fail(f'"labels" must be a list of {len(points)} labels, one per point')
         if any(not _is_int(v) or v not in (0, 1) for v in labels):
             fail(f"labels must be 1 (positive) or 0 (negative), got {labels}")
         for x, y in points:
@@ -168,7 +188,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     if "box" in entry:
         box = _plain(entry["box"])
         if not isinstance(box, list) or len(box) != 4 or not all(_is_num(c) for c in box):
-            fail("\"box\" must be [x0, y0, x1, y1]")
+            fail('"box" must be [x0, y0, x1, y1]')
         x0, y0, x1, y1 = box
         if not (0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height):
             fail(f"box {box} is not an ordered box inside the {width}x{height} frame")
@@ -180,7 +200,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
 
 def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[Prompt]:
     if set(entry) != {"frame", "id_mask"}:
-        fail("an \"id_mask\" entry holds only \"frame\" and \"id_mask\" (its ids are the objects)")
+        fail('an "id_mask" entry holds only "frame" and "id_mask" (its ids are the objects)')
     frame = _plain_int(entry["frame"])
     if not _is_int(frame) or not 0 <= frame < frame_count:
         fail(f"frame {frame!r} is out of range: the video has frames 0..{frame_count - 1}")
@@ -192,7 +212,7 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     elif isinstance(name, str):
         fail(f"id_mask file not found: {base / name}")
     else:
-        fail("\"id_mask\" must be a PNG path (relative to the prompts file) or an (H, W) array")
+        fail('"id_mask" must be a PNG path (relative to the prompts file) or an (H, W) array')
     if ids.ndim != 2:
         fail(f"id_mask {name} is not a single-channel (indexed) image")
     if ids.shape != (height, width):
@@ -215,12 +235,14 @@ def read_id_mask(path: Path) -> np.ndarray:
 def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
     if isinstance(name, np.ndarray):
         if name.ndim != 2 or name.dtype.kind not in "biuf":
-            fail(f"a mask array must be 2-D (H, W) numbers or booleans, got {name.dtype} {name.shape}")
+            fail(
+                f"a mask array must be 2-D (H, W) numbers or booleans, got {name.dtype} {name.shape}"
+            )
         if name.shape != (height, width):
             fail(f"mask array is {name.shape[1]}x{name.shape[0]}, the video is {width}x{height}")
         return name != 0
     if not isinstance(name, str) or not name:
-        fail("\"mask\" must be a PNG path (relative to the prompts file) or an (H, W) array")
+        fail('"mask" must be a PNG path (relative to the prompts file) or an (H, W) array')
     path = base / name
     if not path.is_file():
         fail(f"mask file not found: {path}")
@@ -236,8 +258,11 @@ def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
 
 def _plain(v):
     """numpy arrays and scalars as the lists and numbers of a JSON file."""
-    return v.tolist() if isinstance(v, (np.ndarray, np.generic)) else (
-        [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v)
+    return (
+        v.tolist()
+        if isinstance(v, (np.ndarray, np.generic))
+        else ([_plain(x) for x in v] if isinstance(v, (list, tuple)) else v)
+    )
 
 
 def _plain_int(v):

@@ -1,13 +1,13 @@
 """Reading results back: `segpipe.open(store)` gives a read-only `Run`."""
+
 from __future__ import annotations
 
 from typing import Iterator
 
 import numpy as np
 
-from .chunks import ChunkPlan
-from .errors import BadInput, StoreNotReady
-from .store import RunStore
+from segpipe.errors import BadInput, StoreNotReady
+from segpipe.store.runstore import RunStore
 
 
 class Run:
@@ -50,7 +50,8 @@ class Run:
 
     @property
     def size(self) -> tuple[int, int]:
-        """(width, height) of the video."""
+        """(width, height) of the video, as PIL and the prompts' (x, y) give sizes; the
+        masks are numpy arrays of (height, width): `run.masks().shape[-2:] == run.size[::-1]`."""
         video = self._store.attrs["video"]
         return video["width"], video["height"]
 
@@ -85,19 +86,20 @@ class Run:
         out = np.zeros((len(indices), len(slots), video["height"], video["width"]), bool)
         done = 0
         for _, chunk in self._chunks(store, indices, slots):
-            out[done:done + len(chunk)] = chunk
+            out[done : done + len(chunk)] = chunk
             done += len(chunk)
         return out
 
-    def iter_masks(self, frames: slice | None = None, objects: list[int] | None = None
-                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def iter_masks(
+        self, frames: slice | None = None, objects: list[int] | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(frame indices, masks) one store chunk at a time: for ranges too large to hold."""
         store = self._store  # one opening for the whole read: its attributes fit its arrays
         yield from self._chunks(store, self._frames(frames, store), self._slots(objects, store))
 
     @staticmethod
     def _chunks(store: RunStore, indices: np.ndarray, slots: list[int]):
-        plan = ChunkPlan(store.attrs["frame_count"], store.attrs["chunk_size"])
+        plan = store.plan
         chunk_of = indices // plan.chunk_size
         for k in dict.fromkeys(chunk_of.tolist()):
             lo, hi = plan.bounds(k)
@@ -115,12 +117,14 @@ class Run:
 
     def status(self) -> dict:
         """Per stage chunks done / total, bytes per array, warnings (as `segpipe status --json`)."""
-        from .status import describe
+        from segpipe.status import describe
+
         return describe(self.path)
 
     # -- helpers ---------------------------------------------------------------------------
     def _tracking(self, store: RunStore | None = None) -> dict:
-        from .stages.export import require_tracked
+        from segpipe.store.tracking import require_tracked
+
         return require_tracked(store or self._store)
 
     def _frames(self, frames, store: RunStore) -> np.ndarray:
@@ -141,6 +145,8 @@ class Run:
             objects = [objects]
         unknown = [o for o in objects if o not in ids]
         if unknown or not len(objects):
-            raise BadInput(f"unknown object id {unknown[0] if unknown else objects!r}; "
-                           f"the store tracks {', '.join(map(str, ids))}")
+            raise BadInput(
+                f"unknown object id {unknown[0] if unknown else objects!r}; "
+                f"the store tracks {', '.join(map(str, ids))}"
+            )
         return [ids.index(o) for o in objects]

@@ -13,14 +13,16 @@ as not advancing (no ETA): no process may be working on it. Reading the times co
 long stores. Times are this machine's clock against the file system's (a store on a network
 file system with another clock skews them).
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 
-from . import estimate
-from .chunks import ChunkPlan, pass_chunks, pass_frame_count_in, passes
-from .store import RunStore
+from segpipe import estimate, space
+from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, passes
+from segpipe.store.ledger import pass_stage
+from segpipe.store.runstore import RunStore
 
 RATE_WINDOW = 16  # commits
 
@@ -32,8 +34,10 @@ def describe(store_path, now: float | None = None) -> dict:
     C = attrs["chunk_size"]
     plan = ChunkPlan(T, C) if T is not None else None
     total = plan.num_chunks if plan is not None else None
-    stages = {"decode": {"done": store.ledger("decode").count(), "total": total},
-              "encode": {"done": store.ledger("encode").count(), "total": total}}
+    stages = {
+        "decode": {"done": store.ledger("decode").count(), "total": total},
+        "encode": {"done": store.ledger("encode").count(), "total": total},
+    }
     # per stage: the chunks in the order the stage does them, and the frames of each
     orders = {}
     if plan is not None:
@@ -46,10 +50,12 @@ def describe(store_path, now: float | None = None) -> dict:
         start = track["start_frame"]
         for d in passes(track["direction"]):
             chunks = pass_chunks(ChunkPlan(T, C), d, start)
-            stages[f"track_{d}"] = {"done": store.ledger(f"track_{d}").count(),
-                                    "total": len(chunks)}
-            orders[f"track_{d}"] = (chunks, _pass_frames(plan, d, start),
-                                    pass_frame_count_in(d, start, 0, T))
+            stages[pass_stage(d)] = {"done": store.pass_ledger(d).count(), "total": len(chunks)}
+            orders[pass_stage(d)] = (
+                chunks,
+                _pass_frames(plan, d, start),
+                pass_frame_count_in(d, start, 0, T),
+            )
     now = time.time() if now is None else now
     progress = {}
     for name, s in stages.items():
@@ -60,18 +66,29 @@ def describe(store_path, now: float | None = None) -> dict:
     warnings = []
     weights = (attrs.get("model") or {}).get("weights", {})
     if "random_seed" in weights:
-        warnings.append(f"random weights (seed {weights['random_seed']}): masks from them mean nothing")
+        warnings.append(
+            f"random weights (seed {weights['random_seed']}): masks from them mean nothing"
+        )
     if attrs.get("decode_warning"):
         warnings.append(attrs["decode_warning"])
     sizes = store.array_bytes()
-    disk_total = estimate.store_total(store.path, sizes)
+    disk_total = space.store_total(store.path, sizes)
     est = estimate.from_store(store, sizes=sizes)
     on_disk = {**estimate.group_bytes(sizes, disk_total), "total": disk_total}
-    return {"store": str(store.path), "source": attrs["source"]["path"], "frames": T,
-            "chunk_size": C, "image_size": attrs["image_size"], "model": attrs.get("model"),
-            "stages": stages, "progress": progress,
-            "estimate": est.as_dict() if est is not None else None, "on_disk": on_disk,
-            "bytes": sizes, "warnings": warnings}
+    return {
+        "store": str(store.path),
+        "source": attrs["source"]["path"],
+        "frames": T,
+        "chunk_size": C,
+        "image_size": attrs["image_size"],
+        "model": attrs.get("model"),
+        "stages": stages,
+        "progress": progress,
+        "estimate": est.as_dict() if est is not None else None,
+        "on_disk": on_disk,
+        "bytes": sizes,
+        "warnings": warnings,
+    }
 
 
 def _size(plan: ChunkPlan, k: int) -> int:
@@ -88,8 +105,9 @@ def stalled_after(interval: float) -> float:
     return max(10 * interval, 120.0)
 
 
-def stage_progress(store: RunStore, stage: str, order, frames_of, total_frames: int | None,
-                   now: float) -> dict | None:
+def stage_progress(
+    store: RunStore, stage: str, order, frames_of, total_frames: int | None, now: float
+) -> dict | None:
     """frames/s over the recent commits, frames left, ETA and the last commit's age."""
     ledger = store.ledger(stage)
     done = ledger.done()
@@ -105,7 +123,7 @@ def stage_progress(store: RunStore, stage: str, order, frames_of, total_frames: 
         typical = statistics.median(gaps) if len(gaps) >= 3 else min(gaps)
         for i in range(len(gaps) - 1, -1, -1):
             if gaps[i] > max(10 * typical, 60.0):  # a pause: the rate is what came after it
-                entries = entries[i + 1:]
+                entries = entries[i + 1 :]
                 break
     first, last = entries[0][0], entries[-1][0]
     rate = interval = None
@@ -118,8 +136,14 @@ def stage_progress(store: RunStore, stage: str, order, frames_of, total_frames: 
     age = max(0.0, now - last)
     stalled = interval is not None and age > stalled_after(interval)
     eta = max(0.0, left / rate - age) if (rate and left is not None and not stalled) else None
-    return {"frames_per_s": rate, "frames_left": left, "eta_s": eta,
-            "last_commit_s_ago": age, "commits_in_window": len(entries), "stalled": stalled}
+    return {
+        "frames_per_s": rate,
+        "frames_left": left,
+        "eta_s": eta,
+        "last_commit_s_ago": age,
+        "commits_in_window": len(entries),
+        "stalled": stalled,
+    }
 
 
 def clock(seconds: float) -> str:
@@ -129,11 +153,16 @@ def clock(seconds: float) -> str:
 
 
 def render(report: dict) -> str:
-    lines = [f"store   {report['store']}", f"source  {report['source']}",
-             f"frames  {report['frames'] if report['frames'] is not None else '? (decoding)'}"
-             f"  chunk size {report['chunk_size']}  image size {report['image_size']}"]
+    lines = [
+        f"store   {report['store']}",
+        f"source  {report['source']}",
+        f"frames  {report['frames'] if report['frames'] is not None else '? (decoding)'}"
+        f"  chunk size {report['chunk_size']}  image size {report['image_size']}",
+    ]
     if report["model"]:
-        lines.append(f"model   {report['model']['name']}  embeddings {report['model']['embedding_dtype']}")
+        lines.append(
+            f"model   {report['model']['name']}  embeddings {report['model']['embedding_dtype']}"
+        )
     lines.append("stage            chunks done / total   frames/s  ETA")
     for name, s in report["stages"].items():
         total = "?" if s["total"] is None else s["total"]
@@ -155,13 +184,18 @@ def render(report: dict) -> str:
         lines.append("storage  no estimate: the frame count is unknown")
     else:
         per = "" if est["objects"] is not None else "; memory and masks per object"
-        lines.append(f"storage          estimate      on disk   ({est['frames']:,} frames, "
-                     f"{est['frames_basis']}{per})")
+        lines.append(
+            f"storage          estimate      on disk   ({est['frames']:,} frames, "
+            f"{est['frames_basis']}{per})"
+        )
         for g, part in est["groups"].items():
-            lines.append(f"  {g:<9} {estimate.human(part['bytes']):>14} {estimate.human(disk[g]):>12}"
-                         f"   {part['basis']}")
-        lines.append(f"  {'total':<9} {estimate.human(est['total']):>14} "
-                     f"{estimate.human(disk['total']):>12}")
+            lines.append(
+                f"  {g:<9} {estimate.human(part['bytes']):>14} {estimate.human(disk[g]):>12}"
+                f"   {part['basis']}"
+            )
+        lines.append(
+            f"  {'total':<9} {estimate.human(est['total']):>14} {estimate.human(disk['total']):>12}"
+        )
     lines.append("array                              bytes on disk")
     for name, size in report["bytes"].items():
         lines.append(f"  {name:<32} {size:>14,}")

@@ -19,17 +19,26 @@ SEED = 0
 
 def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess."""
-    proc = subprocess.run([sys.executable, "-m", "segpipe.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, **kw)
+    proc = subprocess.run(
+        [sys.executable, "-m", "segpipe.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"segpipe {' '.join(map(str, args))} failed:\n{proc.stderr}")
     return proc
 
 
 def popen_segpipe(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "segpipe.cli", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
 
 
 def tree_digest(path: Path) -> dict:
@@ -37,8 +46,11 @@ def tree_digest(path: Path) -> dict:
     path = Path(path)
     if not path.exists():
         return {}
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def tree_mtimes(path: Path) -> dict:
@@ -57,6 +69,7 @@ def assert_user_error(proc, *words):
 
 def wait_for(predicate, proc, timeout=120.0):
     import time
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -95,15 +108,29 @@ def small(tmp_path_factory) -> Path:
 
 
 def run_args(small: Path, store: Path) -> tuple:
-    return ("run", small / "clip.mp4", "--store", store, "--prompts", small / "prompts.json",
-            "--chunk-size", 4, "--image-size", 128, "--random-weights", 0)
+    return (
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        small / "prompts.json",
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
 
 
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """Seeded random sam2.1_hiera_t weights saved as an official-style checkpoint file."""
     import torch
+
     from segpipe.model import Weights, build_model
+
     path = tmp_path_factory.mktemp("ckpt") / "random_sam2.1_hiera_t.pt"
     predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
     torch.save({"model": predictor.state_dict()}, path)
@@ -113,6 +140,7 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def predictor():
     from segpipe.model import Weights, build_model
+
     return build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=SEED))
 
 
@@ -131,8 +159,12 @@ class EncoderCalls:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fault-kills", type=int, default=6,
-                     help="SIGKILLs the fault-injection test spreads over one pipeline run")
+    parser.addoption(
+        "--fault-kills",
+        type=int,
+        default=6,
+        help="SIGKILLs the fault-injection test spreads over one pipeline run",
+    )
     parser.addoption("--fault-seed", type=int, default=0, help="seed of the kill moments")
     parser.addoption("--fuzz-cases", type=int, default=12, help="hostile videos to try")
 
@@ -140,6 +172,7 @@ def pytest_addoption(parser):
 def store_arrays(store: Path) -> dict:
     """Every array of a store (values) and every attribute, for whole-store comparison."""
     import zarr
+
     group = zarr.open_group(str(store), mode="r")
     out = {}
 
@@ -150,25 +183,9 @@ def store_arrays(store: Path) -> dict:
                 walk(node, path + "/")
             else:
                 out[path] = (node[...], dict(node.attrs))
+
     walk(group)
     return out
-
-
-def to_old_layout(store: Path) -> Path:
-    """Rewrite a store's masks as segpipe wrote them before they were chunked per object: one
-    zarr chunk (C, O, H, W) per pipeline chunk, through the same call (codecs, fill,
-    attributes) the code before made; same values. (Checked once against a store tracked by
-    that code: the masks' zarr.json and every chunk file are byte-identical.)"""
-    from segpipe.store import RunStore
-    s = RunStore.open(store)
-    arr = s.array("masks")
-    values, attrs = arr[...], dict(arr.attrs)
-    T, O, H, W = arr.shape
-    old = s.create_array("masks", (T, O, H, W), (s.attrs["chunk_size"], O, H, W), "bool",
-                         fill_value=False, attributes=attrs, overwrite=True)
-    old[...] = values
-    assert s.array("masks").chunks[1] == O
-    return Path(store)
 
 
 def chunk_files(store: Path, names) -> set[str]:
@@ -176,14 +193,19 @@ def chunk_files(store: Path, names) -> set[str]:
     (`masks/c/3/0/0/0`): zarr reads a missing chunk as fill, so values alone cannot tell.
     zarr's temporary `*.partial` files (a kill during a write leaves one) are no chunks."""
     store = Path(store)
-    return {str(f.relative_to(store)) for name in names
-            for f in (store / name / "c").rglob("*") if f.is_file() and f.suffix != ".partial"}
+    return {
+        str(f.relative_to(store))
+        for name in names
+        for f in (store / name / "c").rglob("*")
+        if f.is_file() and f.suffix != ".partial"
+    }
 
 
 def read_checked(store: Path, name: str) -> np.ndarray:
     """A whole array as the pipeline reads it back: a missing or corrupt chunk file raises
     (`RunStore.read`) instead of reading as fill."""
-    from segpipe.store import RunStore
+    from segpipe.store.runstore import RunStore
+
     return RunStore.open(store).read(name)
 
 
@@ -193,7 +215,9 @@ def same_values(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.dtype.kind == "f":
         bits = np.dtype(f"u{a.dtype.itemsize}")
-        return np.array_equal(np.ascontiguousarray(a).view(bits), np.ascontiguousarray(b).view(bits))
+        return np.array_equal(
+            np.ascontiguousarray(a).view(bits), np.ascontiguousarray(b).view(bits)
+        )
     return np.array_equal(a, b)
 
 
@@ -202,6 +226,7 @@ def assert_same_store(a: Path, b: Path, skip=(), skip_attrs=()):
     group attributes; paths inside attributes compared relative to the store.
     `skip`: array name prefixes left out; `skip_attrs`: group attributes left out."""
     import zarr
+
     xa, xb = store_arrays(a), store_arrays(b)
     names = sorted(k for k in xa if not k.startswith(skip or "\0"))
     assert names == sorted(k for k in xb if not k.startswith(skip or "\0"))

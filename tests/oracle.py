@@ -4,6 +4,7 @@ It reads the store's decoded frames through SAM 2's own frame loader (the frames
 losslessly as PNG data under the `NNNNN.jpg` names that loader lists), gets the same weights
 and the same prompts through SAM 2's public API, and propagates over the whole video.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -26,14 +27,21 @@ DIRECTIONS = ("both", "forward", "reverse")
 class Oracle:
     """Per direction ("forward", "reverse", "both"): `masks` (T, O, H, W) bool and `scores`
     (T, O) float32, each object's score logit (NaN where the pass did not track the frame)."""
+
     masks: dict[str, np.ndarray]
     scores: dict[str, np.ndarray]
     seconds: float = 0.0  # spent in propagate_in_video (frames are encoded there)
 
 
-def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
-                    precision: str = "float32", directions=("forward", "reverse")) -> Oracle:
-    """"forward" and "reverse" each from a fresh state with all prompts added up front, and
+def oracle_tracking(
+    store_path,
+    prompts_path,
+    predictor=None,
+    video_dir=None,
+    precision: str = "float32",
+    directions=("forward", "reverse"),
+) -> Oracle:
+    """ "forward" and "reverse" each from a fresh state with all prompts added up front, and
     "both" (reverse before the earliest prompt, forward from it on). Masks are what
     `propagate_in_video` yields; scores are read from the predictor's own state after it.
     With `video_dir` (a JPEG folder) SAM 2 loads that folder itself, as `init_state` does,
@@ -46,8 +54,11 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
     prompts = prompt_file.load(prompts_path, T, W, H)
     ids = prompt_file.object_ids(prompts)
     if predictor is None:
-        predictor = build_model("sam2.1_hiera_t", attrs["image_size"],
-                                Weights(random_seed=attrs["model"]["weights"]["random_seed"]))
+        predictor = build_model(
+            "sam2.1_hiera_t",
+            attrs["image_size"],
+            Weights(random_seed=attrs["model"]["weights"]["random_seed"]),
+        )
     masks, scores = {}, {}
     seconds = 0.0  # in propagate_in_video, for benchmarks
     with tempfile.TemporaryDirectory() as tmp, autocast(predictor.device.type, precision):
@@ -64,16 +75,20 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
                     predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
                 else:
                     predictor.add_new_points_or_box(
-                        state, p.frame, p.object_id,
+                        state,
+                        p.frame,
+                        p.object_id,
                         points=None if p.points is None else np.array(p.points, np.float32),
                         labels=None if p.labels is None else np.array(p.labels, np.int32),
-                        box=None if p.box is None else np.array(p.box, np.float32))
+                        box=None if p.box is None else np.array(p.box, np.float32),
+                    )
             m = np.zeros((T, len(ids), H, W), bool)
             tracked = []
             began = time.perf_counter()
             with torch.inference_mode():
                 for t, obj_ids, video_res in predictor.propagate_in_video(
-                        state, reverse=direction == "reverse"):
+                    state, reverse=direction == "reverse"
+                ):
                     assert list(obj_ids) == ids
                     m[t] = (video_res[:, 0] > 0.0).cpu().numpy()
                     tracked.append(t)
@@ -82,8 +97,9 @@ def oracle_tracking(store_path, prompts_path, predictor=None, video_dir=None,
             for o in range(len(ids)):
                 outputs = state["output_dict_per_obj"][o]
                 for t in tracked:
-                    out = (outputs["cond_frame_outputs"].get(t)
-                           or outputs["non_cond_frame_outputs"][t])
+                    out = (
+                        outputs["cond_frame_outputs"].get(t) or outputs["non_cond_frame_outputs"][t]
+                    )
                     s[t, o] = out["object_score_logits"].detach().cpu().float().reshape(()).numpy()
             masks[direction], scores[direction] = m, s
     start = min(p.frame for p in prompts)

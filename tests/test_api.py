@@ -1,5 +1,6 @@
 """The Python API alone (no subprocess for the pipeline): prompts as objects, results read back,
 every error class; and the package as pip installs it."""
+
 import json
 import shutil
 import subprocess
@@ -8,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 import zarr
+from conftest import ROOT
+from oracle import oracle_tracking, same_bits
 from PIL import Image
 
 import segpipe
-from conftest import ROOT
-from oracle import oracle_tracking, same_bits
 from segpipe import prompts as prompt_file
 
 SIZE = 128
@@ -30,11 +31,25 @@ def api_run(tmp_path_factory, clip_dir):
             mask = np.asarray(Image.open(clip_dir / e["mask"]))  # uint8 0/255
             objects.append(segpipe.Prompt(e["object"], e["frame"], mask=mask))
         else:
-            objects.append(segpipe.Prompt(e["object"], e["frame"], points=e.get("points"),
-                                          labels=e.get("labels"), box=e.get("box")))
-    run = segpipe.run(clip_dir / "clip.mp4", root / "clip.zarr", objects, chunk_size=6,
-                      image_size=SIZE, random_weights=0, exports=["davis", "vis-json"],
-                      progress=False)
+            objects.append(
+                segpipe.Prompt(
+                    e["object"],
+                    e["frame"],
+                    points=e.get("points"),
+                    labels=e.get("labels"),
+                    box=e.get("box"),
+                )
+            )
+    run = segpipe.run(
+        clip_dir / "clip.mp4",
+        root / "clip.zarr",
+        objects,
+        chunk_size=6,
+        image_size=SIZE,
+        random_weights=0,
+        exports=["davis", "vis-json"],
+        progress=False,
+    )
     return run
 
 
@@ -66,8 +81,12 @@ def test_reading_results_back(api_run):
     assert np.array_equal(run.mask(13, 2), masks[13, 1])
     assert np.array_equal(run.scores, scores, equal_nan=True) and run.tracked.all()
     chunks = list(run.iter_masks(frames=slice(4, 20)))
-    assert [list(idx) for idx, _ in chunks] == [[4, 5], list(range(6, 12)), list(range(12, 18)),
-                                                [18, 19]]
+    assert [list(idx) for idx, _ in chunks] == [
+        [4, 5],
+        list(range(6, 12)),
+        list(range(12, 18)),
+        [18, 19],
+    ]
     assert run.status()["stages"]["track_forward"]["done"] == 6
 
 
@@ -77,31 +96,45 @@ def test_prompts_as_dicts_and_a_new_track(api_run, tmp_path):
     assert kept.object_ids == [1, 2, 3]
     mask = np.zeros((120, 160), bool)
     mask[40:60, 50:90] = True
-    run = segpipe.track(store, [{"object": 5, "frame": 30, "mask": mask},
-                                {"object": 6, "frame": 30, "points": np.array([[20.0, 30.0]]),
-                                 "labels": np.array([1])}],
-                        direction="forward", progress=False)
+    run = segpipe.track(
+        store,
+        [
+            {"object": 5, "frame": 30, "mask": mask},
+            {"object": 6, "frame": 30, "points": np.array([[20.0, 30.0]]), "labels": np.array([1])},
+        ],
+        direction="forward",
+        progress=False,
+    )
     assert run.object_ids == [5, 6] and kept.object_ids == [5, 6]
     assert np.array_equal(kept.mask(31, 6), run.mask(31, 6))
     assert np.array_equal(kept.masks(frames=slice(30, 40)), run.masks(frames=slice(30, 40)))
     assert not run.tracked[:30].any() and run.tracked[30:].all()
     assert not run.masks(frames=slice(0, 30)).any()  # untracked frames read as empty
-    out = segpipe.export(store, "davis", tmp_path / "d", frames=slice(28, 33), objects=[6],
-                         progress=False)
+    out = segpipe.export(
+        store, "davis", tmp_path / "d", frames=slice(28, 33), objects=[6], progress=False
+    )
     assert sorted(p.name for p in out.iterdir()) == [f"{t:05d}.png" for t in range(28, 33)]
 
 
 def test_progress_false_prints_nothing(clip_dir, tmp_path, capfd):
-    segpipe.decode(clip_dir / "clip.mp4", tmp_path / "q.zarr", chunk_size=8, image_size=32,
-                   progress=False)
+    segpipe.decode(
+        clip_dir / "clip.mp4", tmp_path / "q.zarr", chunk_size=8, image_size=32, progress=False
+    )
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""
 
 
 def test_every_error_class(api_run, clip_dir, tmp_path):
-    assert all(issubclass(c, segpipe.SegpipeError) for c in (
-        segpipe.BadInput, segpipe.StoreNotReady, segpipe.StoreMismatch, segpipe.DamagedStore,
-        segpipe.StoreLocked))
+    assert all(
+        issubclass(c, segpipe.SegpipeError)
+        for c in (
+            segpipe.BadInput,
+            segpipe.StoreNotReady,
+            segpipe.StoreMismatch,
+            segpipe.DamagedStore,
+            segpipe.StoreLocked,
+        )
+    )
     with pytest.raises(segpipe.BadInput, match="video not found"):
         segpipe.decode(tmp_path / "nope.mp4", tmp_path / "a.zarr", progress=False)
     with pytest.raises(segpipe.BadInput, match="prompt #0"):  # frame 99 of 40
@@ -120,10 +153,18 @@ def test_every_error_class(api_run, clip_dir, tmp_path):
     (damaged / "masks" / "c" / "2" / "0" / "0" / "0").unlink()
     with pytest.raises(segpipe.DamagedStore, match="'masks' chunk 2 is missing"):
         segpipe.open(damaged).masks(frames=slice(10, 14))
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import time; from segpipe.lock import store_lock\n"
-        f"with store_lock({str(decoded)!r}):\n    print('held', flush=True); time.sleep(60)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from segpipe.store.lock import store_lock\n"
+                f"with store_lock({str(decoded)!r}):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(segpipe.StoreLocked, match=f"pid {holder.pid}"):
@@ -146,15 +187,35 @@ def test_pip_install_puts_only_segpipe_in_site_packages(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "pipeline", "stages"):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
-        copy(ROOT / name, src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
-                                         if (ROOT / name).is_dir() else {}))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--disable-pip-version-check", "--target",
-                    str(target), str(src)], check=True, capture_output=True, cwd=tmp_path)
+        copy(
+            ROOT / name,
+            src / name,
+            **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}),
+        )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     names = sorted(p.name for p in target.iterdir() if p.name != "bin")
     assert names == ["segpipe", "segpipe-0.1.0.dist-info"], names
-    assert (target / "segpipe" / "stages" / "track.py").is_file()
-    assert (target / "segpipe" / "__init__.py").read_text() == (ROOT / "pipeline" / "__init__.py").read_text()
+    assert (target / "segpipe" / "stages" / "track" / "stage.py").is_file()
+    assert (target / "segpipe" / "__init__.py").read_text() == (
+        ROOT / "pipeline" / "__init__.py"
+    ).read_text()
 
 
 def test_api_names_survive_their_modules_being_imported():
@@ -162,7 +223,9 @@ def test_api_names_survive_their_modules_being_imported():
     imported (the import system binds submodules as package attributes)."""
     import importlib
     import pkgutil
+
     import segpipe
+
     for info in pkgutil.iter_modules(segpipe.__path__):
         importlib.import_module(f"segpipe.{info.name}")
     for name in segpipe.__all__:

@@ -1,6 +1,6 @@
 import pytest
 
-from segpipe.chunks import ChunkPlan
+from segpipe.plan import ChunkPlan
 
 
 def frames_of(plan):
@@ -44,7 +44,8 @@ def test_bad_plans():
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 @pytest.mark.parametrize("start", [0, 5, 13])
 def test_pass_frames_in_a_chunk_match_the_whole_pass(direction, start):
-    from segpipe.chunks import pass_frames, pass_frames_in
+    from segpipe.plan import pass_frames, pass_frames_in
+
     plan = ChunkPlan(14, 4)
     whole = pass_frames(direction, start, 14)
     for k in plan:

@@ -7,6 +7,7 @@ processes), and a `dask scheduler` with two `dask worker` processes started as c
 Torch runs on one thread everywhere (`make test` sets OMP_NUM_THREADS=1, which segpipe hands
 to its workers), so every comparison is bit for bit with the single-process run.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,19 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import distributed  # noqa: E402,F401 - `make test` installs the dask extra: missing, these fail
-
-from conftest import (ROOT, assert_same_store, assert_user_error, ledger_count, run_args,  # noqa: E402
-                      segpipe, tree_digest, tree_mtimes, wait_for)
+import pytest
+from conftest import (  # noqa: E402
+    ROOT,
+    assert_same_store,
+    assert_user_error,
+    ledger_count,
+    run_args,
+    segpipe,
+    tree_digest,
+    tree_mtimes,
+    wait_for,
+)
 from test_dataset import VIDEOS, assert_same_pngs, dataset  # noqa: E402,F401 - a fixture
 
 CHUNKS = 6  # the small clip: 24 frames in chunks of 4; prompted from frame 5 (chunk 1)
@@ -44,10 +52,16 @@ def assert_same_run(reference: Path, store: Path) -> None:
 def reference(small, tmp_path_factory) -> Path:
     """The single-process run; it never imports Dask."""
     store = tmp_path_factory.mktemp("reference") / "clip.zarr"
-    code = ("import sys; from segpipe.cli import main; sys.argv[0] = 'segpipe'; main(); "
-            "print('dask imported' if {'dask', 'distributed'} & set(sys.modules) else 'no dask')")
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, run_args(small, store)), "--quiet"],
-                          capture_output=True, text=True, cwd=ROOT)
+    code = (
+        "import sys; from segpipe.cli import main; sys.argv[0] = 'segpipe'; main(); "
+        "print('dask imported' if {'dask', 'distributed'} & set(sys.modules) else 'no dask')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, run_args(small, store)), "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "no dask"
     return store
@@ -58,18 +72,32 @@ def cluster():
     """A LocalCluster the tests watch (which worker runs what) and whose workers they kill;
     its nannies start a new worker process for each one killed."""
     from distributed import Client, LocalCluster
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as local, Client(local) as client:
+
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=True,
+            threads_per_worker=1,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        ) as local,
+        Client(local) as client,
+    ):
         yield client
 
 
 def running(client, prefix: str) -> dict[str, int]:
     """The process ids of the workers executing a task named `prefix` right now (asked of
     the workers themselves, not of the scheduler's plan)."""
+
     def executing(dask_worker):
         return os.getpid(), [str(ts.key) for ts in dask_worker.state.executing]
-    return {w: pid for w, (pid, keys) in client.run(executing).items()
-            if any(k.startswith(prefix) for k in keys)}
+
+    return {
+        w: pid
+        for w, (pid, keys) in client.run(executing).items()
+        if any(k.startswith(prefix) for k in keys)
+    }
 
 
 def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int, proc):
@@ -83,6 +111,7 @@ def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int
         if 1 <= done < total:
             found.update(running(client, prefix))
         return bool(found)
+
     assert wait_for(mid_task, proc, timeout=120), "the stage ended before a kill could land"
     os.kill(next(iter(found.values())), signal.SIGKILL)
     killed_at = time.time()
@@ -98,24 +127,39 @@ def committed(store: Path, stage: str) -> dict[int, float]:
 
 
 def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
-        small, reference, cluster, tmp_path):
+    small, reference, cluster, tmp_path
+):
     """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
     again while it runs the forward pass. Dask runs the lost tasks again on a worker that
     lives; the encode task encodes its chunk, the pass resumes from its last committed
     chunk; the store and exports are the single-process run's."""
     store = tmp_path / "clip.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store)),
-                             "--scheduler", cluster.scheduler.address, "--quiet"], cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "segpipe.cli",
+            *map(str, run_args(small, store)),
+            "--scheduler",
+            cluster.scheduler.address,
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     encoded, encode_kill = kill_worker_running(cluster, "encode-", store, "encode", CHUNKS, proc)
     forward = CHUNKS - 1  # chunks 1..5
-    tracked, pass_kill = kill_worker_running(cluster, "track-forward-", store, "track_forward",
-                                             forward, proc)
+    tracked, pass_kill = kill_worker_running(
+        cluster, "track-forward-", store, "track_forward", forward, proc
+    )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert_same_run(reference, store)
-    for stage, before, killed_at in (("encode", encoded, encode_kill),
-                                     ("track_forward", tracked, pass_kill)):
+    for stage, before, killed_at in (
+        ("encode", encoded, encode_kill),
+        ("track_forward", tracked, pass_kill),
+    ):
         after = committed(store, stage)
         # the chunks not committed at the kill were committed after it, by the tasks Dask
         # ran again; those committed before were not done again
@@ -127,8 +171,10 @@ def kill_client(args: list[str], when) -> None:
     """Start `segpipe <args>` and kill -9 it once `when()` holds; its worker processes end
     with it (nothing writes behind a rerun's back)."""
     import psutil
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT,
-                            stderr=subprocess.DEVNULL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT, stderr=subprocess.DEVNULL
+    )
     try:
         assert wait_for(when, proc, timeout=180), "the run ended before the kill could land"
         workers = psutil.Process(proc.pid).children(recursive=True)
@@ -142,7 +188,8 @@ def kill_client(args: list[str], when) -> None:
 
 
 def test_run_on_two_workers_client_killed_mid_encode_and_mid_pass_then_rerun_is_the_same(
-        small, reference, tmp_path):
+    small, reference, tmp_path
+):
     """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode, then
     of the rerun mid-tracking: the same command again continues from the ledgers to the
     same store and exports, bit for bit, without redoing a committed chunk.
@@ -179,17 +226,21 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
     finish the store as the single-process run made it. An export task whose export is not
     the recorded one (here another folder) is refused and leaves the record and ledger as
     they were. In process, on a real store: the lock is held by this test."""
-    from segpipe import units
+    from segpipe.dask import tasks as units
     from segpipe.errors import StoreLocked, StoreMismatch
-    from segpipe.lock import store_lock, token
-    from segpipe.store import RunStore
+    from segpipe.store.lock import store_lock, token
+    from segpipe.store.runstore import RunStore
+
     store = tmp_path / "clip.zarr"
     shutil.copytree(reference, store)
     shutil.copytree(reference.with_name("clip.export"), store.with_name("clip.export"))
     copy = RunStore.open(store)
     # the copy's exports are its own (their record names the folder they were written to)
-    copy.set_attrs(exports=json.loads(json.dumps(copy.attrs["exports"]).replace(
-        str(reference.parent), str(tmp_path))))
+    copy.set_attrs(
+        exports=json.loads(
+            json.dumps(copy.attrs["exports"]).replace(str(reference.parent), str(tmp_path))
+        )
+    )
     todo = {"encode": 2, "track_forward": 5, "export_davis": 3}
     for stage, k in todo.items():
         copy.ledger(stage).undo(k)
@@ -200,11 +251,13 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
     with store_lock(store):
         new = units.Work(token(store), None, "cpu", 1, 1)
         written = tree_mtimes(tmp_path)
-        for stale in (lambda: units.encode_task(path, 2, old),
-                      lambda: units.encode_on(begun[0], 2, old),
-                      lambda: units.pass_on(begun[1], "forward", old),
-                      lambda: units.export_on(begun[2], davis, 3),
-                      lambda: begun[1].commit("track_forward", 5)):  # data written, say
+        for stale in (
+            lambda: units.encode_task(path, 2, old),
+            lambda: units.encode_on(begun[0], 2, old),
+            lambda: units.pass_on(begun[1], "forward", old),
+            lambda: units.export_on(begun[2], davis, 3),
+            lambda: begun[1].commit("track_forward", 5),
+        ):  # data written, say
             with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
                 stale()
         assert tree_mtimes(tmp_path) == written  # not a chunk's data, not a done-record
@@ -220,18 +273,26 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
     assert_same_run(reference, store)
 
 
-def test_dataset_on_two_workers_is_the_single_process_run(dataset, checkpoint, cluster,
-                                                           tmp_path, monkeypatch):
+def test_dataset_on_two_workers_is_the_single_process_run(
+    dataset, checkpoint, cluster, tmp_path, monkeypatch
+):
     """`segpipe.dataset` on the LocalCluster (a task per video) and in one process: the same
     PNGs byte for byte and the same stores. The dataset, the video list and the checkpoint
     are given relative to the client's working directory, which is not the workers'."""
     import segpipe
+
     (tmp_path / "ckpt.pt").symlink_to(checkpoint)
     (tmp_path / "list.txt").write_text("bear\ncows\n")
     (tmp_path / "vos").symlink_to(dataset)
     monkeypatch.chdir(tmp_path)
-    args = dict(video_list_file="list.txt", checkpoint="ckpt.pt", image_size=128, chunk_size=4,
-                device="cpu", progress=False)
+    args = dict(
+        video_list_file="list.txt",
+        checkpoint="ckpt.pt",
+        image_size=128,
+        chunk_size=4,
+        device="cpu",
+        progress=False,
+    )
     runs = {}
     for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
         work = tmp_path / name
@@ -250,19 +311,34 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
     client reports as the single-process run would."""
     store = tmp_path / "clip.zarr"
-    segpipe("decode", small / "clip.mp4", "--store", store, "--chunk-size", 4, "--image-size",
-            128, "--quiet", check=True)
+    segpipe(
+        "decode",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--quiet",
+        check=True,
+    )
     (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
-    proc = segpipe("encode", "--store", store, "--random-weights", 0,
-                   "--scheduler", cluster.scheduler.address)
+    proc = segpipe(
+        "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
+    )
     assert_user_error(proc, "damaged", "'frames' chunk 2 is missing", "segpipe repair")
     assert ledger_count(store, "encode") < CHUNKS
     import dask
+
     from segpipe import BadInput, encode
+
     with pytest.raises(BadInput, match="not both"):
         encode(store, random_weights=0, workers=2, scheduler=cluster.scheduler.address)
-    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), \
-            pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"):
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+        pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"),
+    ):
         encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
 
 
@@ -272,8 +348,10 @@ def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch)
     time is refused in one line (two would share its models and torch's thread count)."""
     import torch
     from distributed import LocalCluster
+
     from segpipe import BadInput
-    from segpipe.cluster import connect, worker_threads
+    from segpipe.dask.client import connect, worker_threads
+
     mine = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert worker_threads() == 3
@@ -283,10 +361,18 @@ def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch)
         assert worker_threads() == 2
     finally:
         torch.set_num_threads(mine)
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0",
-                      silence_logs=logging.ERROR) as two, \
-            pytest.raises(BadInput, match="runs 2 tasks at a time; segpipe needs one .dask worker "
-                                          "--nthreads 1.$"):
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+            silence_logs=logging.ERROR,
+        ) as two,
+        pytest.raises(
+            BadInput, match="runs 2 tasks at a time; segpipe needs one .dask worker --nthreads 1.$"
+        ),
+    ):
         with connect(scheduler=two.scheduler_address, device="cpu", quiet=True):
             pass
 
@@ -306,15 +392,45 @@ def scheduler(tmp_path):
     """`dask scheduler` on loopback; yields its address and a function that starts a
     `dask worker` for it (a command line prefix may wrap the worker)."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen(dask_command("scheduler", "--host", "127.0.0.1", "--port",
-                                           address.rsplit(":", 1)[1], "--no-dashboard"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            dask_command(
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                address.rsplit(":", 1)[1],
+                "--no-dashboard",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
 
     def worker(*wrap):
-        procs.append(subprocess.Popen([*wrap, *dask_command(
-            "worker", address, "--nthreads", "1", "--nworkers", "1", "--no-dashboard",
-            "--host", "127.0.0.1", "--local-directory", str(tmp_path / "dask"))],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    *wrap,
+                    *dask_command(
+                        "worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        "--no-dashboard",
+                        "--host",
+                        "127.0.0.1",
+                        "--local-directory",
+                        str(tmp_path / "dask"),
+                    ),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+
     try:
         yield address, worker
     finally:
@@ -328,8 +444,10 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
     commands: one task per video, the PNGs of SAM 2's vos_inference (its oracle, run here
     in memory); a video that fails for a reason of its own is reported, the others go on,
     and a rerun finds them done."""
-    import segpipe
     from vos_oracle import oracle_predictor, oracle_video
+
+    import segpipe
+
     address, worker = scheduler
     worker()
     worker()
@@ -337,16 +455,28 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
     shutil.copytree(dataset / "JPEGImages", root / "JPEGImages")
     (root / "JPEGImages" / "cows" / "00010.jpg").write_bytes(b"not a jpeg")
     (root / "list.txt").write_text("bear\ncows\n")
-    args = dict(video_list_file=root / "list.txt", random_weights=0, image_size=128,
-                chunk_size=4, device="cpu", progress=False, scheduler=address)
+    args = dict(
+        video_list_file=root / "list.txt",
+        random_weights=0,
+        image_size=128,
+        chunk_size=4,
+        device="cpu",
+        progress=False,
+        scheduler=address,
+    )
     out, work = tmp_path / "out", tmp_path / "work"
     results = segpipe.dataset(root / "JPEGImages", dataset / "Annotations", out, work, **args)
     status = {r.video: r.status for r in results}
     assert [r.video for r in results] == ["bear", "cows"]
     assert status["bear"] == "done", status
     assert status["cows"].startswith("failed: ") and "unreadable image" in status["cows"]
-    oracle_video(oracle_predictor(128, 0, postprocessing=False, per_obj=False),
-                 dataset / "JPEGImages", dataset / "Annotations", tmp_path / "theirs", "bear")
+    oracle_video(
+        oracle_predictor(128, 0, postprocessing=False, per_obj=False),
+        dataset / "JPEGImages",
+        dataset / "Annotations",
+        tmp_path / "theirs",
+        "bear",
+    )
     assert assert_same_pngs(out / "bear", tmp_path / "theirs" / "bear") == VIDEOS["bear"][0]
     again = segpipe.dataset(root / "JPEGImages", dataset / "Annotations", out, work, **args)
     assert [r.status for r in again][0] == "already done"
@@ -360,8 +490,15 @@ def test_workers_that_cannot_see_the_store_are_refused(small, scheduler, tmp_pat
     address, worker = scheduler
     hidden = tmp_path / "here"
     hidden.mkdir()
-    worker("unshare", "--mount", "--propagation", "private", "sh", "-c",
-           f'mount -t tmpfs none "{hidden}" && exec "$0" "$@"')
+    worker(
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        f'mount -t tmpfs none "{hidden}" && exec "$0" "$@"',
+    )
     store = hidden / "clip.zarr"
     proc = segpipe(*run_args(small, store), "--scheduler", address)
     assert_user_error(proc, "dask worker", "not visible here", "shared")
@@ -382,13 +519,16 @@ def test_segpipes_local_workers_run_without_dasks_malloc_trim_threshold():
     encode 40% slower here (`bench_dask.py`); segpipe's `--workers` cluster leaves it out.
     In a fresh process, as a command starts: a nanny also sets it in its parent's
     environment, so this test process has it once another test made a cluster."""
-    code = ("import os\n"
-            "from segpipe.cluster import _client\n"
-            "if __name__ == '__main__':\n"
-            "    with _client(1, None) as client:\n"
-            "        print(set(client.run(os.environ.get, 'MALLOC_TRIM_THRESHOLD_').values()))\n")
+    code = (
+        "import os\n"
+        "from segpipe.dask.client import _client\n"
+        "if __name__ == '__main__':\n"
+        "    with _client(1, None) as client:\n"
+        "        print(set(client.run(os.environ.get, 'MALLOC_TRIM_THRESHOLD_').values()))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "{None}", proc.stdout

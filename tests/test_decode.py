@@ -1,14 +1,20 @@
 import signal
 
 import av
+import make_sample
 import numpy as np
 import pytest
 import zarr
+from conftest import (
+    assert_user_error,
+    ledger_count,
+    popen_segpipe,
+    segpipe,
+    tree_digest,
+    tree_mtimes,
+    wait_for,
+)
 from PIL import Image
-
-import make_sample
-from conftest import (assert_user_error, ledger_count, popen_segpipe, segpipe, tree_digest,
-                      tree_mtimes, wait_for)
 
 
 def read_frames(path):
@@ -21,8 +27,17 @@ def test_lossless_clip_decodes_to_pil_resized_source(tmp_path):
     video = tmp_path / "clip.mkv"
     make_sample.write_video(video, frames, codec="ffv1")
     assert np.array_equal(read_frames(video), frames)  # the source really is lossless
-    segpipe("decode", video, "--store", tmp_path / "s.zarr", "--chunk-size", 4,
-            "--image-size", 64, check=True)
+    segpipe(
+        "decode",
+        video,
+        "--store",
+        tmp_path / "s.zarr",
+        "--chunk-size",
+        4,
+        "--image-size",
+        64,
+        check=True,
+    )
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
     expected = np.stack([np.asarray(Image.fromarray(f).resize((64, 64))) for f in frames])
     assert group.attrs["frame_count"] == 11
@@ -44,7 +59,9 @@ def test_kill_mid_decode_then_resume_is_identical(tmp_path, long_clip):
     args = ("--chunk-size", 8, "--image-size", 128)
     segpipe("decode", long_clip, "--store", ref, *args, check=True)
     proc = popen_segpipe("decode", long_clip, "--store", store, *args)
-    assert wait_for(lambda: ledger_count(store, "decode") >= 5, proc), "decode ended before the kill"
+    assert wait_for(lambda: ledger_count(store, "decode") >= 5, proc), (
+        "decode ended before the kill"
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = ledger_count(store, "decode")
@@ -92,11 +109,21 @@ def test_truncated_video_decodes_what_exists(tmp_path, long_clip):
 
 # -- bad input: one-line error, non-zero exit, no traceback, the existing store unchanged ---
 
+
 @pytest.fixture
 def good_store(tmp_path, clip_dir):
     store = tmp_path / "good.zarr"
-    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 8,
-            "--image-size", 64, check=True)
+    segpipe(
+        "decode",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        8,
+        "--image-size",
+        64,
+        check=True,
+    )
     return store
 
 
@@ -110,8 +137,10 @@ def zero_frame_video(path):
     return path
 
 
-@pytest.mark.parametrize("case", ["missing", "not_a_video", "zero_frames", "chunk_size_0",
-                                  "other_video", "other_chunk_size"])
+@pytest.mark.parametrize(
+    "case",
+    ["missing", "not_a_video", "zero_frames", "chunk_size_0", "other_video", "other_chunk_size"],
+)
 def test_bad_input_leaves_store_intact(tmp_path, clip_dir, good_store, case):
     video, args = clip_dir / "clip.mp4", []
     words = ()
@@ -153,6 +182,7 @@ def test_store_path_that_is_a_file(tmp_path, clip_dir):
 
 def test_status_reports_chunks_and_bytes(good_store):
     import json
+
     proc = segpipe("status", "--store", good_store, "--json", check=True)
     report = json.loads(proc.stdout)
     assert report["stages"]["decode"] == {"done": 5, "total": 5}

@@ -4,22 +4,41 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from conftest import (
+    IMAGE_SIZE,
+    EncoderCalls,
+    assert_user_error,
+    ledger_count,
+    popen_segpipe,
+    segpipe,
+    tree_digest,
+    wait_for,
+)
 
-from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, ledger_count, popen_segpipe,
-                      segpipe, tree_digest, wait_for)
-from segpipe.stages.encode import LEVELS, encode, from_storage, preprocess
+from segpipe.stages.encode import encode, preprocess
+from segpipe.store.features import LEVELS, from_storage
 
 
 @pytest.fixture(scope="module")
 def decoded(tmp_path_factory, clip_dir):
     store = tmp_path_factory.mktemp("enc") / "decoded.zarr"
-    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 8,
-            "--image-size", IMAGE_SIZE, check=True)
+    segpipe(
+        "decode",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        8,
+        "--image-size",
+        IMAGE_SIZE,
+        check=True,
+    )
     return store
 
 
 def copy_store(src, dst):
     import shutil
+
     shutil.copytree(src, dst)
     return dst
 
@@ -38,6 +57,7 @@ def reference_features(predictor, frames):
 def test_preprocessing_matches_sam2_frame_loader(decoded, tmp_path):
     from PIL import Image
     from sam2.utils.misc import load_video_frames
+
     frames = zarr.open_group(str(decoded), mode="r")["frames"][:3]
     for t, f in enumerate(frames):
         Image.fromarray(f).save(tmp_path / f"{t:05d}.jpg", format="PNG")  # lossless, SAM 2's names
@@ -49,8 +69,14 @@ def test_preprocessing_matches_sam2_frame_loader(decoded, tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_features_equal_sam2_forward_image(decoded, tmp_path, predictor, dtype):
     store = copy_store(decoded, tmp_path / "s.zarr")
-    encode(store, random_seed=0, embedding_dtype=dtype, batch_size=3, quiet=True,
-           predictor=predictor)
+    encode(
+        store,
+        random_weights=0,
+        embedding_dtype=dtype,
+        batch_size=3,
+        quiet=True,
+        predictor=predictor,
+    )
     group = zarr.open_group(str(store), mode="r")
     ref = reference_features(predictor, group["frames"][...])
     torch_dtype = getattr(torch, dtype)
@@ -59,7 +85,9 @@ def test_features_equal_sam2_forward_image(decoded, tmp_path, predictor, dtype):
         # float32: exact; float16 / bfloat16: the float32 feature rounded once to the dtype
         assert torch.equal(stored, expected.to(torch_dtype).to(torch.float32)), name
         if dtype != "float32":
-            ulp = torch.finfo(torch_dtype).eps * expected.abs().clamp_min(torch.finfo(torch_dtype).tiny)
+            ulp = torch.finfo(torch_dtype).eps * expected.abs().clamp_min(
+                torch.finfo(torch_dtype).tiny
+            )
             assert ((stored - expected).abs() <= ulp).all()
 
 
@@ -79,7 +107,9 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
     store = copy_store(decoded, tmp_path / "killed.zarr")
     segpipe("encode", "--store", ref, "--random-weights", 0, "--quiet", check=True)
     proc = popen_segpipe("encode", "--store", store, "--random-weights", 0)
-    assert wait_for(lambda: ledger_count(store, "encode") >= 2, proc), "encode ended before the kill"
+    assert wait_for(lambda: ledger_count(store, "encode") >= 2, proc), (
+        "encode ended before the kill"
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "encode") < 5
@@ -90,7 +120,7 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
 
     calls = EncoderCalls(predictor)
     before = tree_digest(store)
-    encode(store, random_seed=0, quiet=True, predictor=predictor)
+    encode(store, random_weights=0, quiet=True, predictor=predictor)
     calls.close()
     assert calls.count == 0 and tree_digest(store) == before
 
@@ -102,11 +132,14 @@ def encoded(decoded, tmp_path_factory):
     return store
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--model", "sam2.1_hiera_s", "--random-weights", "0"], ["model name"]),
-    (["--random-weights", "1"], ["model weights"]),
-    (["--random-weights", "0", "--embedding-dtype", "bfloat16"], ["embedding_dtype"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--model", "sam2.1_hiera_s", "--random-weights", "0"], ["model name"]),
+        (["--random-weights", "1"], ["model weights"]),
+        (["--random-weights", "0", "--embedding-dtype", "bfloat16"], ["embedding_dtype"]),
+    ],
+)
 def test_mismatched_model_is_refused(encoded, args, words):
     before = tree_digest(encoded)
     assert_user_error(segpipe("encode", "--store", encoded, *args), *words)
@@ -115,8 +148,9 @@ def test_mismatched_model_is_refused(encoded, args, words):
 
 def test_mismatched_image_size_is_refused(encoded, clip_dir):
     before = tree_digest(encoded)
-    proc = segpipe("run", clip_dir / "clip.mp4", "--store", encoded, "--image-size", 512,
-                   "--random-weights", 0)
+    proc = segpipe(
+        "run", clip_dir / "clip.mp4", "--store", encoded, "--image-size", 512, "--random-weights", 0
+    )
     assert_user_error(proc, "image_size")
     assert tree_digest(encoded) == before
 
@@ -128,8 +162,14 @@ def test_no_weights_says_which_checkpoint_to_download(decoded):
 
 def test_hf_checkpoint_offline_and_uncached_fails_clearly(decoded, tmp_path):
     before = tree_digest(decoded)
-    proc = segpipe("encode", "--store", decoded, "--checkpoint", "hf:facebook/sam2.1-hiera-tiny",
-                   env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    proc = segpipe(
+        "encode",
+        "--store",
+        decoded,
+        "--checkpoint",
+        "hf:facebook/sam2.1-hiera-tiny",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert_user_error(proc, "hf:facebook/sam2.1-hiera-tiny", "cache")
     assert tree_digest(decoded) == before
 

@@ -4,6 +4,7 @@ The estimate printed before a run starts is compared with the bytes of the finis
 (every file under it); the refusal runs on a real, small file system (a tmpfs, mounted where
 the tests run as root; skipped elsewhere); rates and ETAs are read from real ledger entries,
 their commit times set with os.utime, and from an encode caught mid-way with SIGSTOP."""
+
 import json
 import os
 import re
@@ -15,8 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import ROOT, assert_user_error, ledger_count, make_sample, segpipe, tree_digest, wait_for
+from conftest import (
+    ROOT,
+    assert_user_error,
+    ledger_count,
+    make_sample,
+    segpipe,
+    tree_digest,
+    wait_for,
+)
 
 
 def write_clip(folder: Path, frames: int, prompt_frames=None, one_object_on=None) -> Path:
@@ -28,8 +36,9 @@ def write_clip(folder: Path, frames: int, prompt_frames=None, one_object_on=None
         make_sample.write_prompts(folder, masks, frames=prompt_frames)
     else:
         box = make_sample.bbox(masks[one_object_on, 0])
-        (folder / "prompts.json").write_text(json.dumps(
-            {"prompts": [{"object": 1, "frame": one_object_on, "box": box}]}))
+        (folder / "prompts.json").write_text(
+            json.dumps({"prompts": [{"object": 1, "frame": one_object_on, "box": box}]})
+        )
     return folder
 
 
@@ -43,7 +52,7 @@ UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 def printed(stderr: str, line: str = "total") -> float:
     """A figure of the estimate as the command printed it (`  total   27.1 MiB`)."""
     assert "storage estimate:" in stderr, stderr
-    block = stderr[stderr.index("storage estimate:"):]
+    block = stderr[stderr.index("storage estimate:") :]
     match = re.search(rf"^\s+{line}\s+([\d,.]+) (B|KiB|MiB|GiB|TiB)", block, re.M)
     assert match, stderr
     return float(match.group(1).replace(",", "")) * UNITS[match.group(2)]
@@ -55,8 +64,13 @@ def printed(stderr: str, line: str = "total") -> float:
 # both ways: CPU bfloat16 costs about 4 s a frame to encode at 512.
 SETTINGS = {
     "256-float32": (8, 4, 256, (), {"prompt_frames": (2, 4, 6)}),
-    "512-bfloat16": (2, 1, 512, ("--precision", "bfloat16", "--embedding-dtype", "bfloat16"),
-                     {"one_object_on": 1}),
+    "512-bfloat16": (
+        2,
+        1,
+        512,
+        ("--precision", "bfloat16", "--embedding-dtype", "bfloat16"),
+        {"one_object_on": 1},
+    ),
 }
 
 
@@ -66,9 +80,24 @@ def finished(request, tmp_path_factory):
     frames, chunk, size, extra, prompts = SETTINGS[request.param]
     clip = write_clip(tmp_path_factory.mktemp(f"clip{size}"), frames, **prompts)
     store = clip / "s.zarr"
-    proc = segpipe("run", clip / "clip.mp4", "--store", store, "--prompts", clip / "prompts.json",
-                   "--chunk-size", chunk, "--image-size", size, "--random-weights", 0,
-                   "--export", "none", *extra, check=True)
+    proc = segpipe(
+        "run",
+        clip / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        clip / "prompts.json",
+        "--chunk-size",
+        chunk,
+        "--image-size",
+        size,
+        "--random-weights",
+        0,
+        "--export",
+        "none",
+        *extra,
+        check=True,
+    )
     return proc.stderr, store
 
 
@@ -111,10 +140,15 @@ def test_bfloat16_level2_is_counted_in_float32(finished):
     report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
     S, T, C = report["image_size"], report["frames"], report["chunk_size"]
     itemsizes = (2, 2, 4) if report["model"]["embedding_dtype"] == "bfloat16" else (4, 4, 4)
-    per_frame = sum(i * ch * (S // st) ** 2 for i, (ch, st) in zip(itemsizes, ((32, 4), (64, 8), (256, 16))))
+    per_frame = sum(
+        i * ch * (S // st) ** 2 for i, (ch, st) in zip(itemsizes, ((32, 4), (64, 8), (256, 16)))
+    )
     chunks = -(-T // C)
-    data = sum(p.stat().st_size for p in (store / "features").rglob("*")
-               if p.is_file() and p.name != "zarr.json")
+    data = sum(
+        p.stat().st_size
+        for p in (store / "features").rglob("*")
+        if p.is_file() and p.name != "zarr.json"
+    )
     assert data == chunks * (C * per_frame + 3 * 4)  # a crc32c per chunk and level
 
 
@@ -128,8 +162,11 @@ def small_fs(tmp_path):
         where.mkdir()
         if os.geteuid() != 0:  # as root (CI runs so) the test must run: no mount fails it
             pytest.skip("mounting a small tmpfs needs root")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:  # as root (CI runs `make test` as root) the test must run
             pytest.fail(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
         mounted.append(where)
@@ -145,8 +182,9 @@ def test_refuses_when_the_file_system_is_too_small(tmp_path, small_fs):
     fs = small_fs("2m")  # frames at 256 (~0.3 MiB) fit; features (8 MiB) and frames at 1024 do not
     video, prompts = clip / "clip.mp4", clip / "prompts.json"
     store = fs / "s.zarr"
-    decoded = segpipe("decode", video, "--store", store, "--chunk-size", 4, "--image-size", 256,
-                      check=True)
+    decoded = segpipe(
+        "decode", video, "--store", store, "--chunk-size", 4, "--image-size", 256, check=True
+    )
     assert "storage estimate:" in decoded.stderr
     before = tree_digest(store)
 
@@ -155,8 +193,23 @@ def test_refuses_when_the_file_system_is_too_small(tmp_path, small_fs):
     assert tree_digest(store) == before  # not even the model settings were recorded
 
     big = ("decode", video, "--store", fs / "big.zarr", "--chunk-size", 4, "--image-size", 1024)
-    for args in (big, ("run", video, "--store", fs / "new.zarr", "--prompts", prompts,
-                       "--chunk-size", 4, "--image-size", 256, "--random-weights", 0)):
+    for args in (
+        big,
+        (
+            "run",
+            video,
+            "--store",
+            fs / "new.zarr",
+            "--prompts",
+            prompts,
+            "--chunk-size",
+            4,
+            "--image-size",
+            256,
+            "--random-weights",
+            0,
+        ),
+    ):
         proc = segpipe(*args)
         assert_user_error(proc, "not enough space", "--no-space-check")
         assert not args[3].exists()
@@ -174,8 +227,22 @@ def test_keep_masks_is_checked_against_what_it_holds_at_once(tmp_path, small_fs)
     so does a rerun that leaves the store's setting to the store."""
     clip = write_clip(tmp_path / "clip", 16, one_object_on=3)
     fs = small_fs("10m")
-    args = ("run", clip / "clip.mp4", "--store", fs / "s.zarr", "--prompts", clip / "prompts.json",
-            "--chunk-size", 2, "--image-size", 256, "--random-weights", 0, "--export", "none")
+    args = (
+        "run",
+        clip / "clip.mp4",
+        "--store",
+        fs / "s.zarr",
+        "--prompts",
+        clip / "prompts.json",
+        "--chunk-size",
+        2,
+        "--image-size",
+        256,
+        "--random-weights",
+        0,
+        "--export",
+        "none",
+    )
     assert_user_error(segpipe(*args), "not enough space", "--no-space-check")
     proc = segpipe(*args, "--keep", "masks", check=True)
     assert "frames and features 3 chunks at a time" in proc.stderr, proc.stderr
@@ -191,11 +258,34 @@ def encoding(tmp_path_factory):
     root = tmp_path_factory.mktemp("encoding")
     clip = write_clip(root / "clip", 8, prompt_frames=(2, 4, 6))
     store = root / "s.zarr"
-    segpipe("decode", clip / "clip.mp4", "--store", store, "--chunk-size", 1, "--image-size", 256,
-            "--quiet", check=True)
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", "encode", "--store", str(store),
-                             "--random-weights", "0", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    segpipe(
+        "decode",
+        clip / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        1,
+        "--image-size",
+        256,
+        "--quiet",
+        check=True,
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "segpipe.cli",
+            "encode",
+            "--store",
+            str(store),
+            "--random-weights",
+            "0",
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
     try:
         assert wait_for(lambda: ledger_count(store, "encode") >= 3, proc, timeout=300)
         proc.send_signal(signal.SIGSTOP)
@@ -225,6 +315,7 @@ def test_status_rate_and_eta_from_commit_times(encoding, tmp_path):
     chunk's frame per 10 s, and an ETA of the frames left at that rate, less the 10 s the
     chunk in flight has been under way."""
     from segpipe.status import describe, render
+
     store = tmp_path / "copy.zarr"
     shutil.copytree(encoding[0], store)
     entries = store / "ledger" / "encode" / "c"

@@ -1,17 +1,17 @@
 """`segpipe evaluate`: DAVIS 2017 semi-supervised J, F and J&F on small PNG folders written
 here. The figures are worked out by hand in the comments and compared exactly."""
+
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, assert_user_error, segpipe
 from PIL import Image
 
-from conftest import ROOT, assert_user_error, segpipe
 from segpipe.errors import BadInput
-from segpipe.davis_eval import (boundary_f, boundary_map, boundary_radius, dilate, evaluate,
-                              jaccard)
+from segpipe.vos.davis import boundary_f, boundary_map, boundary_radius, dilate, evaluate, jaccard
 
 PALETTE = [c for i in range(256) for c in ((i * 53) % 256, (i * 97) % 256, (i * 181) % 256)]
 
@@ -39,12 +39,13 @@ def write_video_per_object(root, video, frames):
 
 def square(y, x, size=10, shape=(32, 32), value=1, into=None):
     out = np.zeros(shape, np.uint8) if into is None else into
-    out[y:y + size, x:x + size] = value
+    out[y : y + size, x : x + size] = value
     return out
 
 
 # ---------------------------------------------------------------------------------------
 # The hand-computed case
+
 
 def test_shifted_square_gives_the_hand_computed_j_and_f(tmp_path):
     """One object, a 10x10 square (rows 10..19, columns 10..19) in a 32x32 frame, four frames.
@@ -162,12 +163,14 @@ def test_radius_and_disk():
     # at the image's edge the disk is cut off, nothing wraps round
     corner = np.zeros((6, 6), bool)
     corner[0, 0] = True
-    assert np.array_equal(np.argwhere(dilate(corner, 2)),
-                          [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0]])
+    assert np.array_equal(
+        np.argwhere(dilate(corner, 2)), [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0]]
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Ground truth against itself, both layouts
+
 
 def moving_objects(T=5, shape=(36, 48)):
     """Three objects moving over T frames, one of them vanishing for a frame, a void band."""
@@ -176,8 +179,8 @@ def moving_objects(T=5, shape=(36, 48)):
         f = np.zeros(shape, np.uint8)
         square(2 + t, 3 + 2 * t, size=8, shape=shape, into=f)
         if t != 2:
-            f[20:30, 30 - t:40 - t] = 2
-        f[25 - t:33 - t, 2:9] = 3
+            f[20:30, 30 - t : 40 - t] = 2
+        f[25 - t : 33 - t, 2:9] = 3
         f[:, 44:] = 255  # void
         frames.append(f)
     return frames
@@ -217,6 +220,7 @@ def test_per_object_layout_scores_like_the_indexed_one(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Conventions
 
+
 def test_empty_masks():
     empty, full = np.zeros((32, 32), bool), square(10, 10) == 1
     assert jaccard(empty, empty) == 1.0 and boundary_f(empty, empty) == 1.0
@@ -229,8 +233,12 @@ def test_empty_masks_in_files(tmp_path):
     """Object 1 is in the first frame only: in the scored frames its ground truth is empty.
     Object 2 is there throughout. The result has object 1 in frame 1 (J = F = 0 there),
     nothing of it in frame 2 (both empty: J = F = 1), and never object 2 (J = F = 0)."""
-    gt = [square(2, 2, into=square(15, 15, value=2)), square(15, 15, value=2),
-          square(15, 15, value=2), square(15, 15, value=2)]
+    gt = [
+        square(2, 2, into=square(15, 15, value=2)),
+        square(15, 15, value=2),
+        square(15, 15, value=2),
+        square(15, 15, value=2),
+    ]
     res = [gt[0], square(2, 2), np.zeros((32, 32), np.uint8), gt[3]]
     write_video(tmp_path / "gt", "v", gt)
     write_video(tmp_path / "res", "v", res)
@@ -274,8 +282,11 @@ def test_objects_come_from_the_first_frame_and_extra_result_ids_are_ignored(tmp_
     """Ground-truth object 2 appears after the first frame: not scored (DAVIS takes the first
     frame's objects). Result ids 2 and 7 are no scored object: ignored, and listed."""
     gt = [square(2, 2), square(2, 2, into=square(18, 18, value=2)), square(2, 2)]
-    res = [square(2, 2), square(2, 2, into=square(18, 18, value=7)),
-           square(2, 2, into=square(18, 18, value=2))]
+    res = [
+        square(2, 2),
+        square(2, 2, into=square(18, 18, value=7)),
+        square(2, 2, into=square(18, 18, value=2)),
+    ]
     write_video(tmp_path / "gt", "v", gt)
     write_video(tmp_path / "res", "v", res)
     report = evaluate(tmp_path / "res", tmp_path / "gt")
@@ -290,6 +301,7 @@ def test_objects_come_from_the_first_frame_and_extra_result_ids_are_ignored(tmp_
 # ---------------------------------------------------------------------------------------
 # Errors
 
+
 def test_missing_result_png_is_a_one_line_bad_input(tmp_path):
     write_video(tmp_path / "gt", "v", [square(2, 2)] * 4)
     write_video(tmp_path / "res", "v", [square(2, 2)] * 4)
@@ -303,12 +315,15 @@ def test_missing_result_png_is_a_one_line_bad_input(tmp_path):
     assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("case, words", [
-    ("two frames", ("2 ground-truth frame", "needs 3")),
-    ("no results folder", ("no results folder",)),
-    ("size", ("32x32", "40x32")),
-    ("rgb", ("RGB", "single-channel")),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("two frames", ("2 ground-truth frame", "needs 3")),
+        ("no results folder", ("no results folder",)),
+        ("size", ("32x32", "40x32")),
+        ("rgb", ("RGB", "single-channel")),
+    ],
+)
 def test_bad_inputs(tmp_path, case, words):
     write_video(tmp_path / "gt", "v", [square(2, 2)] * (2 if case == "two frames" else 3))
     if case != "no results folder":
@@ -328,6 +343,7 @@ def test_bad_inputs(tmp_path, case, words):
 
 # ---------------------------------------------------------------------------------------
 # The command line
+
 
 def test_cli_prints_the_table_and_json(tmp_path):
     write_video(tmp_path / "gt", "a", [square(10, 10)] * 3)
@@ -358,5 +374,5 @@ def test_cli_prints_the_table_and_json(tmp_path):
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, segpipe.davis_eval; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, segpipe.vos.davis; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

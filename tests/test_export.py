@@ -7,23 +7,42 @@ import av
 import numpy as np
 import pytest
 import zarr
+from conftest import (
+    IMAGE_SIZE,
+    assert_user_error,
+    ledger_count,
+    popen_segpipe,
+    segpipe,
+    tree_digest,
+    tree_mtimes,
+    wait_for,
+)
 from PIL import Image
 
-from conftest import (IMAGE_SIZE, assert_user_error, ledger_count, popen_segpipe, segpipe,
-                      to_old_layout, tree_digest, tree_mtimes, wait_for)
-from segpipe import maskio
 from segpipe.stages.encode import encode
-from segpipe.stages.export import FORMATS, compose, davis_palette, export
-from segpipe.stages.track import track
+from segpipe.stages.export.stage import FORMATS, export
+from segpipe.stages.export.writers import compose, davis_palette
+from segpipe.stages.track.stage import track
+from segpipe.store import masks as maskio
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory, clip_dir, predictor):
     """A tracked store no export has touched. Read-only: tests copy it."""
     store = tmp_path_factory.mktemp("export") / "s.zarr"
-    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 2,
-            "--image-size", IMAGE_SIZE, "--quiet", check=True)
-    encode(store, random_seed=0, quiet=True, predictor=predictor)
+    segpipe(
+        "decode",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        2,
+        "--image-size",
+        IMAGE_SIZE,
+        "--quiet",
+        check=True,
+    )
+    encode(store, random_weights=0, quiet=True, predictor=predictor)
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     return store
 
@@ -49,24 +68,20 @@ def stored(store):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_masks_in_one_frame_batches_and_old_stores_export_the_same_files(
-        tracked, pristine, tmp_path, monkeypatch, fmt):
+def test_masks_in_one_frame_batches_export_the_same_files(tracked, tmp_path, monkeypatch, fmt):
     """Exports read masks in batches bounded in bytes, not whole chunks: with a budget of one
     frame's masks (a chunk read packed, then unpacked a frame a batch) every format writes the
-    same bytes; so does a store made before masks were chunked per object ((C, O, H, W)
-    chunks)."""
+    same bytes."""
     assert zarr.open_group(str(tracked), mode="r")["masks"].chunks == (2, 1, 120, 160)
-    old = to_old_layout(shutil.copytree(pristine, tmp_path / "old.zarr"))
     name = {"davis": "d", "vis-json": "v.json", "overlay": "o.mp4", "frames": "f"}[fmt]
-    outs = {}
-    for label, store in (("ref", tracked), ("old", old)):
-        outs[label] = tmp_path / f"{label}_{name}"
-        segpipe("export", "--store", store, "--format", fmt, "--out", outs[label], "--quiet",
-                check=True)
+    outs = {"ref": tmp_path / f"ref_{name}"}
+    segpipe(
+        "export", "--store", tracked, "--format", fmt, "--out", outs["ref"], "--quiet", check=True
+    )
     monkeypatch.setattr(maskio, "BATCH_BYTES", 3 * 120 * 160)  # 3 objects: one frame
     outs["small"] = export(tracked, fmt, tmp_path / f"small_{name}", quiet=True)
     digests = {k: tree_digest(v) if v.is_dir() else v.read_bytes() for k, v in outs.items()}
-    assert digests["ref"] and digests["small"] == digests["ref"] and digests["old"] == digests["ref"]
+    assert digests["ref"] and digests["small"] == digests["ref"]
 
 
 def test_overlay_drawn_in_strips_is_the_whole_frame_drawing(monkeypatch):
@@ -74,13 +89,14 @@ def test_overlay_drawn_in_strips_is_the_whole_frame_drawing(monkeypatch):
     pixel what drawing the whole frame at once gives (the drawing before strips, below),
     outlines and id labels across strip borders included."""
     from PIL import ImageDraw
-    from segpipe.stages.export import OverlayWriter, _erode
+
+    from segpipe.stages.export.writers import OverlayWriter, _erode
 
     class Writer(OverlayWriter):
         def __init__(self, ids):
             self.ids = ids
             palette = davis_palette()
-            self.colours = {i: np.array(palette[3 * i:3 * i + 3], np.float32) for i in ids}
+            self.colours = {i: np.array(palette[3 * i : 3 * i + 3], np.float32) for i in ids}
 
     def whole(w, rgb, masks):
         img = rgb.astype(np.float32)
@@ -97,15 +113,27 @@ def test_overlay_drawn_in_strips_is_the_whole_frame_drawing(monkeypatch):
         for slot, obj in enumerate(w.ids):
             ys, xs = np.nonzero(masks[slot])
             if len(xs):
-                draw.text((int(xs.mean()), int(ys.mean())), str(obj), fill=(255, 255, 255),
-                          stroke_width=1, stroke_fill=(0, 0, 0), anchor="mm")
+                draw.text(
+                    (int(xs.mean()), int(ys.mean())),
+                    str(obj),
+                    fill=(255, 255, 255),
+                    stroke_width=1,
+                    stroke_fill=(0, 0, 0),
+                    anchor="mm",
+                )
         return np.asarray(out)
 
     rng = np.random.default_rng(3)
     rgb = rng.integers(0, 256, (61, 83, 3), dtype=np.uint8)
     yy, xx = np.mgrid[0:61, 0:83]
-    masks = np.stack([(yy - 20) ** 2 + (xx - 30) ** 2 < 300, rng.random((61, 83)) < 0.5,
-                      np.zeros((61, 83), bool), (yy > 7) & (yy < 50) & (xx > 40)])
+    masks = np.stack(
+        [
+            (yy - 20) ** 2 + (xx - 30) ** 2 < 300,
+            rng.random((61, 83)) < 0.5,
+            np.zeros((61, 83), bool),
+            (yy > 7) & (yy < 50) & (xx > 40),
+        ]
+    )
     w = Writer([4, 1, 9, 2])
     expected = whole(w, rgb, masks)
     for rows in (1, 2, 7, 256):
@@ -128,20 +156,27 @@ def test_davis_pngs_equal_composed_masks(tracked, tmp_path):
     assert [f.name for f in files] == [f"{t:05d}.png" for t in range(len(masks))]
     for t, f in enumerate(files):
         img = Image.open(f)
-        assert img.mode == "P" and img.getpalette()[:3 * 256] == davis_palette()
+        assert img.mode == "P" and img.getpalette()[: 3 * 256] == davis_palette()
         assert np.array_equal(np.asarray(img), compose(masks[t], ids))
     assert davis_palette()[:12] == [0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0]
 
 
 def test_vis_json_round_trips_through_pycocotools(tracked, tmp_path):
     from pycocotools import mask as mask_util
+
     out = tmp_path / "masks.json"
     segpipe("export", "--store", tracked, "--format", "vis-json", "--out", out, check=True)
     doc = json.loads(out.read_text())
     masks, ids = stored(tracked)
     T, O, H, W = masks.shape
     assert doc["videos"][0] | {"file_names": None, "timestamps": None} == {
-        "id": 1, "width": W, "height": H, "length": T, "file_names": None, "timestamps": None}
+        "id": 1,
+        "width": W,
+        "height": H,
+        "length": T,
+        "file_names": None,
+        "timestamps": None,
+    }
     assert np.allclose(doc["videos"][0]["timestamps"], np.arange(T) / 24, atol=1e-3)
     assert [a["object_id"] for a in doc["annotations"]] == ids
     for slot, ann in enumerate(doc["annotations"]):
@@ -176,7 +211,10 @@ def test_overlay_video_matches_source_and_masks(gt_store, tmp_path, clip_dir):
         # far outside every object: the source pixel, within codec tolerance
         near = any_obj.copy()
         for _ in range(12):
-            near[1:] |= near[:-1]; near[:-1] |= near[1:]; near[:, 1:] |= near[:, :-1]; near[:, :-1] |= near[:, 1:]
+            near[1:] |= near[:-1]
+            near[:-1] |= near[1:]
+            near[:, 1:] |= near[:, :-1]
+            near[:, :-1] |= near[:, 1:]
         ys, xs = np.nonzero(~near)
         if len(ys):
             y, x = ys[len(ys) // 2], xs[len(xs) // 2]
@@ -187,7 +225,10 @@ def test_overlay_video_matches_source_and_masks(gt_store, tmp_path, clip_dir):
             only = masks[t, slot] & (masks[t].sum(0) == 1)
             inner = only.copy()
             for _ in range(4):
-                inner[1:] &= inner[:-1]; inner[:-1] &= inner[1:]; inner[:, 1:] &= inner[:, :-1]; inner[:, :-1] &= inner[:, 1:]
+                inner[1:] &= inner[:-1]
+                inner[:-1] &= inner[1:]
+                inner[:, 1:] &= inner[:, :-1]
+                inner[:, :-1] &= inner[:, 1:]
             ys, xs = np.nonzero(inner)
             if not len(ys):
                 continue
@@ -215,7 +256,9 @@ def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
         stage = f"export_{fmt}"
         assert ledger_count(store, stage) == 0
         ref = outs / f"ref_{name}"
-        segpipe("export", "--store", ref_store, "--format", fmt, "--out", ref, "--quiet", check=True)
+        segpipe(
+            "export", "--store", ref_store, "--format", fmt, "--out", ref, "--quiet", check=True
+        )
         out = outs / name
         proc = popen_segpipe("export", "--store", store, "--format", fmt, "--out", out)
         target = rng.randint(1, total // 2)
@@ -227,8 +270,9 @@ def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
         print(f"{fmt}: killed with {done} of {total} chunks done")
         assert reached and 0 < done < total, (fmt, target, done, total)
         assert ledger_count(store, stage) == done
-        done_files = {k: v for k, v in tree_mtimes(store / "ledger" / stage).items()
-                      if k.startswith("c/")}
+        done_files = {
+            k: v for k, v in tree_mtimes(store / "ledger" / stage).items() if k.startswith("c/")
+        }
         assert len(done_files) == done
         segpipe("export", "--store", store, "--format", fmt, "--out", out, "--quiet", check=True)
         # resumed, not started over: the chunks done before the kill were not redone
@@ -248,35 +292,77 @@ def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
 def test_subsets(tracked, tmp_path):
     masks, ids = stored(tracked)
     out = tmp_path / "sub"
-    segpipe("export", "--store", tracked, "--format", "davis", "--out", out, "--frames", "5:9",
-            "--objects", str(ids[1]), check=True)
+    segpipe(
+        "export",
+        "--store",
+        tracked,
+        "--format",
+        "davis",
+        "--out",
+        out,
+        "--frames",
+        "5:9",
+        "--objects",
+        str(ids[1]),
+        check=True,
+    )
     assert sorted(f.name for f in out.iterdir()) == [f"{t:05d}.png" for t in range(5, 9)]
-    assert np.array_equal(np.asarray(Image.open(out / "00006.png")),
-                          compose(masks[6][[1]], [ids[1]]))
+    assert np.array_equal(
+        np.asarray(Image.open(out / "00006.png")), compose(masks[6][[1]], [ids[1]])
+    )
     js = tmp_path / "sub.json"
-    segpipe("export", "--store", tracked, "--format", "vis-json", "--out", js, "--frames", "30:",
-            check=True)
+    segpipe(
+        "export",
+        "--store",
+        tracked,
+        "--format",
+        "vis-json",
+        "--out",
+        js,
+        "--frames",
+        "30:",
+        check=True,
+    )
     doc = json.loads(js.read_text())
     assert doc["videos"][0]["length"] == 10 and len(doc["annotations"][0]["segmentations"]) == 10
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--frames", "30:10"], ["--frames"]),
-    (["--frames", "0:999"], ["--frames"]),
-    (["--frames", "abc"], ["--frames"]),
-    (["--objects", "42"], ["unknown object id 42"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--frames", "30:10"], ["--frames"]),
+        (["--frames", "0:999"], ["--frames"]),
+        (["--frames", "abc"], ["--frames"]),
+        (["--objects", "42"], ["unknown object id 42"]),
+    ],
+)
 def test_bad_subsets(tracked, tmp_path, args, words):
     before = tree_digest(tracked)
-    proc = segpipe("export", "--store", tracked, "--format", "davis", "--out", tmp_path / "x", *args)
+    proc = segpipe(
+        "export", "--store", tracked, "--format", "davis", "--out", tmp_path / "x", *args
+    )
     assert_user_error(proc, *words)
     assert tree_digest(tracked) == before and not (tmp_path / "x").exists()
 
 
 def test_run_exports_all_three_next_to_the_store(tmp_path, clip_dir):
     store = tmp_path / "run.zarr"
-    segpipe("run", clip_dir / "clip.mp4", "--store", store, "--prompts", clip_dir / "prompts.json",
-            "--image-size", 128, "--chunk-size", 16, "--random-weights", 0, "--quiet", check=True)
+    segpipe(
+        "run",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        clip_dir / "prompts.json",
+        "--image-size",
+        128,
+        "--chunk-size",
+        16,
+        "--random-weights",
+        0,
+        "--quiet",
+        check=True,
+    )
     folder = tmp_path / "run.export"
     assert (folder / "masks.json").is_file() and (folder / "overlay.mp4").is_file()
     assert len(list((folder / "davis").iterdir())) == 40

@@ -1,4 +1,5 @@
 """Crash safety: kill -9 anywhere, Ctrl-C, two writers, a full disk, changed inputs, damage."""
+
 import json
 import os
 import random
@@ -9,17 +10,30 @@ import sys
 import time
 from pathlib import Path
 
+import make_sample
 import numpy as np
 import pytest
 import zarr
+from conftest import (
+    assert_same_store,
+    assert_user_error,
+    ledger_count,
+    popen_segpipe,
+    run_args,
+    segpipe,
+    tree_digest,
+    wait_for,
+)
 
-import make_sample
-from conftest import (assert_same_store, assert_user_error, ledger_count, popen_segpipe, run_args, segpipe, tree_digest, wait_for)
-
-STAGES = ["decode", "encode", "track_forward", "track_reverse", "export_davis",
-          "export_vis-json", "export_overlay"]
-
-
+STAGES = [
+    "decode",
+    "encode",
+    "track_forward",
+    "track_reverse",
+    "export_davis",
+    "export_vis-json",
+    "export_overlay",
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +71,30 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            stage = next((s for s in STAGES if ledger_count(store, s) < ledger_count(reference, s)),
-                         "end")
+            stage = next(
+                (s for s in STAGES if ledger_count(store, s) < ledger_count(reference, s)), "end"
+            )
             killed_in.append(stage)
     segpipe(*run_args(small, store), "--quiet", check=True)
     assert_same_store(reference, store)
     assert export_files(store) == export_files(reference)
     print(f"{len(killed_in)} kills survived, in stages: {killed_in}")
     if kills >= 6:  # the kills really were spread over the stages
-        assert {"decode", "encode"} & set(killed_in) and {s for s in killed_in if "track" in s or "export" in s}
+        assert {"decode", "encode"} & set(killed_in) and {
+            s for s in killed_in if "track" in s or "export" in s
+        }
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(small, reference, tmp_path, signum, code):
     store = tmp_path / "run.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert wait_for(lambda: ledger_count(store, "encode") >= 1, proc, timeout=300)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -87,11 +108,20 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(small, reference, tmp_path, 
 
 def test_one_writer_per_store_and_stale_lock_takeover(small, reference, tmp_path):
     store = tmp_path / "run.zarr"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, '.');"
-        "from segpipe.lock import store_lock\n"
-        f"with store_lock({str(store)!r}):\n    print('held', flush=True); time.sleep(60)")],
-        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; sys.path.insert(0, '.');"
+                "from segpipe.store.lock import store_lock\n"
+                f"with store_lock({str(store)!r}):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     before = tree_digest(store)
     proc = segpipe(*run_args(small, store))
@@ -110,8 +140,11 @@ def test_disk_full_then_space_freed_continues_identically(small, reference, tmp_
     mount.mkdir()
     size = sum(f.stat().st_size for f in reference.rglob("*") if f.is_file())
     try:
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 2}", "tmpfs",
-                               str(mount)], capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size // 2}", "tmpfs", str(mount)],
+            capture_output=True,
+            text=True,
+        )
         error = proc.returncode and (proc.stderr.strip() or f"mount exited {proc.returncode}")
     except OSError as e:  # no mount command
         error = str(e)
@@ -139,9 +172,11 @@ def test_changed_inputs_are_refused_and_force_starts_over(small, reference, tmp_
     shutil.copytree(reference, store)
     base = list(run_args(small, store))
     before = tree_digest(store)
-    for change, words in ((["--random-weights", "1"], ["model weights"]),
-                          (["--chunk-size", "8"], ["chunk_size"]),
-                          (["--image-size", "256"], ["image_size"])):
+    for change, words in (
+        (["--random-weights", "1"], ["model weights"]),
+        (["--chunk-size", "8"], ["chunk_size"]),
+        (["--image-size", "256"], ["image_size"]),
+    ):
         args = base.copy()
         i = args.index(change[0])
         args[i + 1] = change[1]
@@ -168,8 +203,10 @@ def test_changed_inputs_are_refused_and_force_starts_over(small, reference, tmp_
     segpipe(*args, "--force", "--quiet", check=True)
     group = zarr.open_group(str(store), mode="r")
     assert group.attrs["model"]["weights"] == {"random_seed": 1}
-    assert not np.array_equal(group["features/level2"][:4],
-                              zarr.open_group(str(reference), mode="r")["features/level2"][:4])
+    assert not np.array_equal(
+        group["features/level2"][:4],
+        zarr.open_group(str(reference), mode="r")["features/level2"][:4],
+    )
 
 
 def test_new_prompts_redo_only_tracking_and_export(small, reference, tmp_path):
@@ -184,7 +221,9 @@ def test_new_prompts_redo_only_tracking_and_export(small, reference, tmp_path):
     args[args.index("--prompts") + 1] = prompts
     proc = segpipe(*args, check=True)
     assert "starting over" in proc.stderr and "encode: already complete" in proc.stderr
-    assert {k: v for k, v in tree_digest(store).items() if k.startswith(("features", "frames"))} == features
+    assert {
+        k: v for k, v in tree_digest(store).items() if k.startswith(("features", "frames"))
+    } == features
     group = zarr.open_group(str(store), mode="r")
     assert group["masks"].shape[1] == 2
     doc = json.loads((tmp_path / "run.export" / "masks.json").read_text())
@@ -215,8 +254,13 @@ def test_damaged_chunks_are_detected_and_repaired(small, reference, tmp_path):
     flip(chunk("memory/forward/recent_maskmem", 2))
     flip(chunk("memory/reverse/prompted_ptr", 0))
     proc = segpipe("repair", "--store", store, check=True)
-    for name, k in (("masks", 3), ("frames", 1), ("features/level1", 4),
-                    ("memory/forward/recent_maskmem", 2), ("memory/reverse/prompted_ptr", 0)):
+    for name, k in (
+        ("masks", 3),
+        ("frames", 1),
+        ("features/level1", 4),
+        ("memory/forward/recent_maskmem", 2),
+        ("memory/reverse/prompted_ptr", 0),
+    ):
         assert f"array {name!r} chunk {k}" in proc.stderr, proc.stderr
     # the export above (to another folder) started its own export record; all else is equal
     assert_same_store(reference, store, skip=("ledger/export",), skip_attrs=("exports",))

@@ -1,14 +1,15 @@
 """Hostile input: damaged and fake videos, malformed prompt files. Every case ends in a clear
 error or a correct partial result: never a hang, a traceback or a half-written store."""
+
 import json
 import random
 
+import make_sample
 import numpy as np
 import pytest
 import zarr
-
-import make_sample
 from conftest import assert_user_error, segpipe, tree_digest
+
 from segpipe import prompts as prompt_file
 from segpipe.errors import SegpipeError
 
@@ -36,11 +37,17 @@ def hostile_videos(sources, out, n, rng):
             for _ in range(rng.randint(1, 40)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
         if "cut" in kind:
-            data = data[:rng.randrange(1, len(data))]
+            data = data[: rng.randrange(1, len(data))]
         if kind == "fake":
-            data = rng.choice([b"\x89PNG\r\n\x1a\n" + bytes(rng.randrange(256) for _ in range(500)),
-                               b'{"not": "a video"}', bytes(rng.randrange(256) for _ in range(4096)),
-                               b"", b"ftypisom" * 100])
+            data = rng.choice(
+                [
+                    b"\x89PNG\r\n\x1a\n" + bytes(rng.randrange(256) for _ in range(500)),
+                    b'{"not": "a video"}',
+                    bytes(rng.randrange(256) for _ in range(4096)),
+                    b"",
+                    b"ftypisom" * 100,
+                ]
+            )
         path = out / f"case{i:03d}{src.suffix}"
         path.write_bytes(bytes(data))
         cases.append((kind, path))
@@ -53,8 +60,17 @@ def test_hostile_videos(sources, tmp_path, request):
     outcomes = {"error": 0, "partial": 0}
     for kind, video in hostile_videos(sources, tmp_path, n, rng):
         store = tmp_path / f"{video.stem}.zarr"
-        proc = segpipe("decode", video, "--store", store, "--chunk-size", 8, "--image-size", 64,
-                       timeout=CASE_SECONDS)
+        proc = segpipe(
+            "decode",
+            video,
+            "--store",
+            store,
+            "--chunk-size",
+            8,
+            "--image-size",
+            64,
+            timeout=CASE_SECONDS,
+        )
         assert "Traceback" not in proc.stderr, (kind, proc.stderr)
         if proc.returncode == 0:
             group = zarr.open_group(str(store), mode="r")
@@ -75,14 +91,33 @@ def mutate(text: str, rng: random.Random) -> str:
     for _ in range(ops):
         i = rng.randrange(len(text) + 1)
         op = rng.choice(["delete", "insert", "replace"])
-        junk = rng.choice(['"', "{", "}", "[", "]", ",", ":", "-1", "1e9", "null", "true",
-                           '"mask"', '"x"', "0", "2.5", " ", "NaN"])
+        junk = rng.choice(
+            [
+                '"',
+                "{",
+                "}",
+                "[",
+                "]",
+                ",",
+                ":",
+                "-1",
+                "1e9",
+                "null",
+                "true",
+                '"mask"',
+                '"x"',
+                "0",
+                "2.5",
+                " ",
+                "NaN",
+            ]
+        )
         if op == "delete":
-            text = text[:i] + text[i + rng.randint(1, 5):]
+            text = text[:i] + text[i + rng.randint(1, 5) :]
         elif op == "insert":
             text = text[:i] + junk + text[i:]
         else:
-            text = text[:i] + junk + text[i + 1:]
+            text = text[:i] + junk + text[i + 1 :]
     return text
 
 
@@ -90,8 +125,22 @@ def structural_mutations(doc: dict, rng: random.Random) -> dict:
     doc = json.loads(json.dumps(doc))
     entry = rng.choice(doc["prompts"])
     key = rng.choice(list(entry))
-    entry[key] = rng.choice([None, -3, 10**9, "x", [], [[1]], [1, 2], {"a": 1}, 1.5, True,
-                             [[float("inf"), 2]], [0, 0, 0, 0]])
+    entry[key] = rng.choice(
+        [
+            None,
+            -3,
+            10**9,
+            "x",
+            [],
+            [[1]],
+            [1, 2],
+            {"a": 1},
+            1.5,
+            True,
+            [[float("inf"), 2]],
+            [0, 0, 0, 0],
+        ]
+    )
     return doc
 
 
@@ -124,11 +173,27 @@ def test_malformed_prompt_files(tmp_path):
 
 def test_malformed_prompts_through_the_cli(tmp_path, sources):
     store = tmp_path / "s.zarr"
-    segpipe("run", sources / "clip.mp4", "--store", store, "--chunk-size", 8, "--image-size", 64,
-            "--random-weights", 0, "--quiet", check=True)
+    segpipe(
+        "run",
+        sources / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        8,
+        "--image-size",
+        64,
+        "--random-weights",
+        0,
+        "--quiet",
+        check=True,
+    )
     before = tree_digest(store)
-    for text in ['{"prompts": [{"object": 1, "frame": 2, "points": [[1, 2]], "labels": [1]]', "[]",
-                 '{"prompts": [{"object": "a", "frame": 0, "box": [0, 0, 5, 5]}]}', ""]:
+    for text in [
+        '{"prompts": [{"object": 1, "frame": 2, "points": [[1, 2]], "labels": [1]]',
+        "[]",
+        '{"prompts": [{"object": "a", "frame": 0, "box": [0, 0, 5, 5]}]}',
+        "",
+    ]:
         path = tmp_path / "bad.json"
         path.write_text(text)
         assert_user_error(segpipe("track", "--store", store, "--prompts", path))

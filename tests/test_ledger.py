@@ -1,6 +1,7 @@
 """The ledger read from its chunk files (and cached), the chunk plan of a pass computed from
 chunk bounds, and the vis-json assembly: each equal to the slower definition it replaced.
 Real zarr stores on disk."""
+
 import json
 import os
 from pathlib import Path
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 import zarr
 
-from segpipe.chunks import (ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames,
-                             pass_frames_in)
-from segpipe.store import DONE_RECORD, RunStore, reset_from
+from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames, pass_frames_in
+from segpipe.store.layout import reset_from
+from segpipe.store.ledger import DONE_RECORD
+from segpipe.store.runstore import RunStore
 
 
 def zarr_done(path: Path, stage: str) -> np.ndarray:
@@ -58,7 +60,21 @@ def test_done_equals_zarrs_reading(store):
     assert np.array_equal(fresh_done(store.path, "encode"), expected)
     assert fresh_done(store.path, "encode").dtype == bool
     assert RunStore.open(store.path).ledger("encode").count() == 7
-    assert RunStore.open(store.path).ledger("encode").todo(range(20)) == [3, 4, 6, 7, 8, 9, 11, 13, 14, 15, 16, 18, 19]
+    assert RunStore.open(store.path).ledger("encode").todo(range(20)) == [
+        3,
+        4,
+        6,
+        7,
+        8,
+        9,
+        11,
+        13,
+        14,
+        15,
+        16,
+        18,
+        19,
+    ]
 
 
 def test_missing_ledger_is_empty(store):
@@ -94,15 +110,6 @@ def test_corrupted_records_are_not_done(store):
             arr[k]
 
 
-def test_other_layouts_are_read_through_zarr(store):
-    """A ledger array laid out otherwise (here zstd before the checksum) is still read right."""
-    arr = store.create_array("ledger/encode", (6,), (1,), "uint8", compress=True)
-    arr[:] = np.array([1, 0, 1, 1, 2, 1], np.uint8)
-    assert record(store, "encode", 0).read_bytes() != DONE_RECORD  # compressed
-    assert fresh_done(store.path, "encode").tolist() == [True, False, True, True, False, True]
-    assert np.array_equal(fresh_done(store.path, "encode"), zarr_done(store.path, "encode"))
-
-
 def test_cache_follows_mark_done_undo_and_reset(store):
     ledger = store.ledger("track_forward")
     assert store.ledger("track_forward") is ledger
@@ -129,7 +136,9 @@ def test_cache_follows_mark_done_undo_and_reset(store):
     ledger.reset()
     assert ledger.done().shape == (0,) and fresh_done(store.path, "track_forward").shape == (0,)
     ledger.mark_done(1)
-    assert ledger.done().tolist() == [False, True] == fresh_done(store.path, "track_forward").tolist()
+    assert (
+        ledger.done().tolist() == [False, True] == fresh_done(store.path, "track_forward").tolist()
+    )
 
 
 def test_reset_from_resets_cached_ledgers(store):
@@ -156,7 +165,9 @@ def test_ledger_written_in_one_assignment_reads_complete(store):
 
 def old_pass_chunks(plan, direction, start):
     """The frame-listing definition `pass_chunks` replaced."""
-    return list(dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames)))
+    return list(
+        dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames))
+    )
 
 
 def outcome(fn, *args):
@@ -189,11 +200,13 @@ def test_pass_frame_count_in_equals_the_frames(direction):
         for start in range(T):
             for k in plan:
                 lo, hi = plan.bounds(k)
-                assert pass_frame_count_in(direction, start, lo, hi) == \
-                    len(pass_frames_in(direction, start, lo, hi)), (T, C, start, k)
+                assert pass_frame_count_in(direction, start, lo, hi) == len(
+                    pass_frames_in(direction, start, lo, hi)
+                ), (T, C, start, k)
 
 
 # -- vis-json assembly --------------------------------------------------------------------
+
 
 def reference_finish(writer, chunks) -> bytes:
     """How VisJsonWriter.finish assembled the file before: every part parsed once per object
@@ -203,14 +216,35 @@ def reference_finish(writer, chunks) -> bytes:
     out = []
     out.append('{"info": {"description": "segpipe export"}, "videos": ')
     times = writer.store.read("timestamps", *writer.frames)
-    out.append(json.dumps([{"id": 1, "width": W, "height": H, "length": length,
-                            "file_names": [f"{t:05d}.jpg" for t in range(*writer.frames)],
-                            "timestamps": [float(v) for v in times]}]))
+    out.append(
+        json.dumps(
+            [
+                {
+                    "id": 1,
+                    "width": W,
+                    "height": H,
+                    "length": length,
+                    "file_names": [f"{t:05d}.jpg" for t in range(*writer.frames)],
+                    "timestamps": [float(v) for v in times],
+                }
+            ]
+        )
+    )
     out.append(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
     out.append(', "annotations": [')
     for n, obj in enumerate(writer.ids):
-        head = json.dumps({"id": n + 1, "object_id": obj, "video_id": 1, "category_id": 1,
-                           "iscrowd": 0, "height": H, "width": W, "length": length})
+        head = json.dumps(
+            {
+                "id": n + 1,
+                "object_id": obj,
+                "video_id": 1,
+                "category_id": 1,
+                "iscrowd": 0,
+                "height": H,
+                "width": W,
+                "length": length,
+            }
+        )
         out.append(("," if n else "") + head[:-1])
         for key in ("segmentations", "areas", "bboxes"):
             out.append(f', "{key}": [')
@@ -228,19 +262,30 @@ def reference_finish(writer, chunks) -> bytes:
 
 @pytest.mark.parametrize("ids,batch", [([1, 2, 3, 4, 5], 2), ([7], 64), ([3, 9, 12], 1), ([], 64)])
 def test_vis_json_assembly_is_byte_identical(tmp_path, ids, batch):
-    from segpipe.stages.export import Job, VisJsonWriter
+    from segpipe.stages.export.writers import Job, VisJsonWriter
+
     H, W, C, frames = 12, 10, 3, (2, 15)
     rng = np.random.default_rng(len(ids) * 10 + batch)
     store = RunStore.create(tmp_path / "s.zarr", {})
     store.create_array("timestamps", (frames[1],), (C,), "float64")[...] = np.arange(frames[1]) / 24
-    writer = VisJsonWriter(Job(tmp_path / "masks.json", ids, frames, {"width": W, "height": H},
-                               tmp_path / "clip.mp4", store))
+    writer = VisJsonWriter(
+        Job(
+            tmp_path / "masks.json",
+            ids,
+            frames,
+            {"width": W, "height": H},
+            tmp_path / "clip.mp4",
+            store,
+        )
+    )
     writer.BATCH = batch
     writer.start()
     chunks = []
     for k in range(frames[0] // C, -(-frames[1] // C)):
         lo, hi = max(k * C, frames[0]), min((k + 1) * C, frames[1])
-        masks = rng.random((hi - lo, len(ids), H, W)) < rng.choice([0.0, 0.05, 0.5], (hi - lo, len(ids), 1, 1))
+        masks = rng.random((hi - lo, len(ids), H, W)) < rng.choice(
+            [0.0, 0.05, 0.5], (hi - lo, len(ids), 1, 1)
+        )
         writer.chunk(k, lo, hi, [(lo, masks)])  # one batch: the whole chunk
         chunks.append(k)
     want = reference_finish(writer, chunks)

@@ -3,18 +3,19 @@ autocast. CPU autocast runs the same code path, so segpipe with `--precision bfl
 checked against SAM 2's own predictor under CPU bfloat16 autocast: masks and object scores
 bit for bit, for several chunk sizes, both directions, embeddings stored in float32 and in
 bfloat16. (CPU bfloat16 is slow: a short clip at image size 128.)"""
+
 import shutil
 
+import make_sample
 import numpy as np
 import pytest
 import zarr
-
-import make_sample
 from conftest import segpipe
 from oracle import oracle_tracking, same_bits
+
 from segpipe.model import Weights, build_model
 from segpipe.stages.encode import encode
-from segpipe.stages.track import track
+from segpipe.stages.track.stage import track
 
 SIZE, T = 128, 10
 
@@ -36,7 +37,9 @@ def predictor():
 @pytest.fixture(scope="module")
 def oracle(clip, predictor, tmp_path_factory):
     store = tmp_path_factory.mktemp("bf16o") / "o.zarr"
-    segpipe("decode", clip / "clip.mp4", "--store", store, "--image-size", SIZE, "--quiet", check=True)
+    segpipe(
+        "decode", clip / "clip.mp4", "--store", store, "--image-size", SIZE, "--quiet", check=True
+    )
     result = oracle_tracking(store, clip / "prompts.json", predictor, precision="bfloat16")
     plain = oracle_tracking(store, clip / "prompts.json", predictor)
     # the premise: bfloat16 autocast really changes SAM 2's results
@@ -46,25 +49,51 @@ def oracle(clip, predictor, tmp_path_factory):
 
 def encoded(clip, predictor, root, chunk_size, embedding_dtype):
     store = root / f"c{chunk_size}_{embedding_dtype}.zarr"
-    segpipe("decode", clip / "clip.mp4", "--store", store, "--image-size", SIZE,
-            "--chunk-size", chunk_size, "--quiet", check=True)
-    encode(store, random_seed=0, quiet=True, predictor=predictor, embedding_dtype=embedding_dtype,
-           precision="bfloat16")
+    segpipe(
+        "decode",
+        clip / "clip.mp4",
+        "--store",
+        store,
+        "--image-size",
+        SIZE,
+        "--chunk-size",
+        chunk_size,
+        "--quiet",
+        check=True,
+    )
+    encode(
+        store,
+        random_weights=0,
+        quiet=True,
+        predictor=predictor,
+        embedding_dtype=embedding_dtype,
+        precision="bfloat16",
+    )
     return store
 
 
-@pytest.mark.parametrize("chunk_size,embedding_dtype", [(1, "float32"), (7, "float32"),
-                                                        (16, "float32"), (7, "bfloat16")])
+@pytest.mark.parametrize(
+    "chunk_size,embedding_dtype", [(1, "float32"), (7, "float32"), (16, "float32"), (7, "bfloat16")]
+)
 def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
-        clip, predictor, oracle, tmp_path, chunk_size, embedding_dtype):
+    clip, predictor, oracle, tmp_path, chunk_size, embedding_dtype
+):
     store = encoded(clip, predictor, tmp_path, chunk_size, embedding_dtype)
     group = zarr.open_group(str(store), mode="r")
     assert group.attrs["model"]["precision"] == "bfloat16"
-    kinds = [(group[f"features/level{i}"].attrs["torch_dtype"],
-              group[f"features/level{i}"].attrs["embedding_dtype"]) for i in range(3)]
+    kinds = [
+        (
+            group[f"features/level{i}"].attrs["torch_dtype"],
+            group[f"features/level{i}"].attrs["embedding_dtype"],
+        )
+        for i in range(3)
+    ]
     # SAM 2 keeps the vision features in float32 under autocast: stored exactly either way
-    assert kinds == [("bfloat16", embedding_dtype), ("bfloat16", embedding_dtype),
-                     ("float32", "float32")]
+    assert kinds == [
+        ("bfloat16", embedding_dtype),
+        ("bfloat16", embedding_dtype),
+        ("float32", "float32"),
+    ]
     for direction in ("forward", "reverse"):
         copy = shutil.copytree(store, tmp_path / f"{direction}.zarr")
         track(copy, clip / "prompts.json", direction, quiet=True, predictor=predictor)
@@ -88,6 +117,7 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
 
 def test_default_precision_follows_the_device():
     from segpipe.model import pick_precision
+
     assert pick_precision(None, "cuda") == "bfloat16" and pick_precision(None, "cpu") == "float32"
     assert pick_precision("bfloat16", "cpu") == "bfloat16"
 
@@ -95,4 +125,6 @@ def test_default_precision_follows_the_device():
 def test_precision_is_a_store_setting(clip, predictor, tmp_path):
     store = encoded(clip, predictor, tmp_path, 16, "float32")
     proc = segpipe("encode", "--store", store, "--random-weights", 0, "--precision", "float32")
-    assert proc.returncode == 1 and "model precision=bfloat16, not float32" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "model precision=bfloat16, not float32" in proc.stderr, (
+        proc.stderr
+    )

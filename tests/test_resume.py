@@ -1,5 +1,6 @@
 """Decode resumes without losing or shifting a frame, whatever the container's seeking, and
 never takes an interruption for the end of the video."""
+
 import shutil
 import signal
 import subprocess
@@ -8,11 +9,10 @@ import time
 from pathlib import Path
 
 import av
+import make_sample
 import numpy as np
 import pytest
 import zarr
-
-import make_sample
 from conftest import ROOT, assert_same_store, ledger_count, popen_segpipe, segpipe, wait_for
 
 ARGS = ("--chunk-size", 8, "--image-size", 64)
@@ -75,8 +75,9 @@ def test_containers_really_seek_late(videos):
 
 def frozen_at(store, proc, target):
     """Stop the process the moment `target` decode chunks are done; the chunks done then."""
-    assert wait_for(lambda: ledger_count(store, "decode") >= target, proc, timeout=120), \
+    assert wait_for(lambda: ledger_count(store, "decode") >= target, proc, timeout=120), (
         "decode ended before the kill"
+    )
     proc.send_signal(signal.SIGSTOP)
     return ledger_count(store, "decode")
 
@@ -133,9 +134,22 @@ def test_double_ctrl_c_mid_decode_is_not_the_end_of_the_video(videos, references
     """The second Ctrl-C abandons the chunk in flight: exit 130, the frame count stays
     unrecorded, and the rerun completes to the uninterrupted store."""
     store = tmp_path / "s.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli", "decode", str(videos["ts"]),
-                             "--store", str(store), *map(str, ARGS)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "segpipe.cli",
+            "decode",
+            str(videos["ts"]),
+            "--store",
+            str(store),
+            *map(str, ARGS),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert wait_for(lambda: ledger_count(store, "decode") >= 3, proc, timeout=120)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.002)

@@ -1,5 +1,6 @@
 """`run --keep masks`: frames and features dropped as the run goes, same masks, resumable,
 and re-prompting decodes and encodes again exactly what the new passes need."""
+
 import json
 import random
 import shutil
@@ -9,18 +10,37 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import (
+    EncoderCalls,
+    assert_user_error,
+    ledger_count,
+    popen_segpipe,
+    read_checked,
+    run_args,
+    same_values,
+    segpipe,
+    tree_digest,
+    wait_for,
+)
 
-from conftest import (EncoderCalls, assert_user_error, ledger_count, popen_segpipe, read_checked,
-                      run_args, same_values, segpipe, tree_digest, wait_for)
-
-STAGES = ["decode", "encode", "track_forward", "track_reverse", "export_davis",
-          "export_vis-json", "export_overlay"]
+STAGES = [
+    "decode",
+    "encode",
+    "track_forward",
+    "track_reverse",
+    "export_davis",
+    "export_vis-json",
+    "export_overlay",
+]
 
 
 def chunk_files(store: Path, name: str) -> list[str]:
     folder = store / name / "c"
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) \
-        if folder.is_dir() else []
+    return (
+        sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        if folder.is_dir()
+        else []
+    )
 
 
 def export_files(store: Path) -> dict:
@@ -97,7 +117,8 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
 def retrack(store: Path, prompts: Path, direction: str) -> int:
     """`track` in this process with new prompts; the frames the image encoder saw."""
     from segpipe.model import Weights, build_model
-    from segpipe.stages.track import track
+    from segpipe.stages.track.stage import track
+
     predictor = build_model("sam2.1_hiera_t", 128, Weights(random_seed=0))
     calls = EncoderCalls(predictor)
     try:
@@ -109,25 +130,44 @@ def retrack(store: Path, prompts: Path, direction: str) -> int:
 
 def assert_same_as_fresh(small: Path, store: Path, prompts: Path, direction: str, tmp_path: Path):
     fresh = tmp_path / "fresh.zarr"
-    segpipe("run", small / "clip.mp4", "--store", fresh, "--prompts", prompts, "--direction",
-            direction, "--chunk-size", 4, "--image-size", 128, "--random-weights", 0,
-            "--export", "none", "--quiet", check=True)
+    segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        fresh,
+        "--prompts",
+        prompts,
+        "--direction",
+        direction,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+        "--export",
+        "none",
+        "--quiet",
+        check=True,
+    )
     for name in ("masks", "object_scores", "tracked"):
         assert same_values(read_checked(store, name), read_checked(fresh, name)), name
     for name in ("frames", "features/level2"):
         assert chunk_files(store, name) == [], name  # dropped again after use
 
 
-def test_new_prompts_on_a_dropped_store_reencode_only_what_the_passes_need(small, keep_masks,
-                                                                            tmp_path):
+def test_new_prompts_on_a_dropped_store_reencode_only_what_the_passes_need(
+    small, keep_masks, tmp_path
+):
     """New prompts (one object on frame 17, forward) on a `--keep masks` store: the chunks
     of frames 16..23 are decoded and encoded again, nothing else; the masks are those of a
     fresh `--keep all` run with the same prompts."""
     store = tmp_path / "masks.zarr"
     shutil.copytree(keep_masks, store)
     prompts = tmp_path / "new.json"
-    prompts.write_text(json.dumps({"prompts": [
-        {"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]}))
+    prompts.write_text(
+        json.dumps({"prompts": [{"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]})
+    )
     assert retrack(store, prompts, "forward") == 24 - 16  # chunks 4 and 5 (chunk size 4), once each
     assert_same_as_fresh(small, store, prompts, "forward", tmp_path)
 
@@ -136,13 +176,15 @@ def test_retracking_without_the_source_refuses_in_one_line(small, keep_masks, tm
     """The source is gone (the store's recorded source path now names no file): new passes
     need chunks decoded again, so `track` refuses in one line and changes nothing."""
     import zarr
+
     store = tmp_path / "run.zarr"
     shutil.copytree(keep_masks, store)
     group = zarr.open_group(str(store), mode="r+")
     group.attrs["source"] = {**group.attrs["source"], "path": str(tmp_path / "moved.mp4")}
     before = tree_digest(store)
-    proc = segpipe("track", "--store", store, "--prompts", small / "prompts.json",
-                   "--direction", "forward")
+    proc = segpipe(
+        "track", "--store", store, "--prompts", small / "prompts.json", "--direction", "forward"
+    )
     assert_user_error(proc, "source video", "gone")
     assert tree_digest(store) == before
 
@@ -150,6 +192,7 @@ def test_retracking_without_the_source_refuses_in_one_line(small, keep_masks, tm
 def test_a_finished_store_without_its_source_tracks_as_a_no_op(keep_masks, tmp_path):
     """Nothing left to track: no chunk needs decoding again, so a gone source is no matter."""
     import zarr
+
     store = tmp_path / "run.zarr"
     shutil.copytree(keep_masks, store)
     group = zarr.open_group(str(store), mode="r+")
@@ -165,12 +208,15 @@ def test_frames_that_decode_differently_now_are_refused(small, keep_masks, tmp_p
     decoder might): re-tracking that needs them refuses in one line rather than making
     other features."""
     import zarr
+
     store = tmp_path / "run.zarr"
     shutil.copytree(keep_masks, store)
     digests = zarr.open_array(str(store / "frame_digests"), mode="r+")
     digests[21] = (np.asarray(digests[21]) + 1).astype(np.uint8)
     prompts = tmp_path / "new.json"
-    prompts.write_text(json.dumps({"prompts": [{"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]}))
+    prompts.write_text(
+        json.dumps({"prompts": [{"object": 7, "frame": 17, "box": [20, 10, 60, 50]}]})
+    )
     proc = segpipe("track", "--store", store, "--prompts", prompts, "--direction", "forward")
     assert_user_error(proc, "decodes differently", "frame 21")
     assert chunk_files(store, "frames") == []  # nothing restored from the other frames
@@ -196,8 +242,18 @@ def test_encode_on_its_own_drops_the_frames_it_decoded_again(keep_masks, tmp_pat
     to encode it; the frames go again once encoded, the features stay (no pass read them)."""
     store = tmp_path / "run.zarr"
     shutil.copytree(keep_masks, store)
-    segpipe("encode", "--store", store, "--random-weights", 0, "--embedding-dtype", "bfloat16",
-            "--force", "--quiet", check=True)
+    segpipe(
+        "encode",
+        "--store",
+        store,
+        "--random-weights",
+        0,
+        "--embedding-dtype",
+        "bfloat16",
+        "--force",
+        "--quiet",
+        check=True,
+    )
     assert chunk_files(store, "frames") == []
     assert len(chunk_files(store, "features/level2")) == 6
 
@@ -208,8 +264,10 @@ def test_a_keep_masks_store_is_not_run_on_dask(small, keep_masks, tmp_path):
     store = tmp_path / "run.zarr"
     shutil.copytree(keep_masks, store)
     before = tree_digest(store)
-    for args in (("track", "--store", store, "--workers", 1),
-                 (*run_args(small, store), "--workers", 1),
-                 (*run_args(small, tmp_path / "new.zarr"), "--keep", "masks", "--workers", 1)):
+    for args in (
+        ("track", "--store", store, "--workers", 1),
+        (*run_args(small, store), "--workers", 1),
+        (*run_args(small, tmp_path / "new.zarr"), "--keep", "masks", "--workers", 1),
+    ):
         assert_user_error(segpipe(*args), "--keep masks", "--workers")
     assert tree_digest(store) == before and not (tmp_path / "new.zarr").exists()

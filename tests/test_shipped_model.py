@@ -1,18 +1,19 @@
-"""The shipped demo model, `segpipe_tiny` with data/segpipe_tiny.pt: it segments for real (the
-objects covered, the background not) and segpipe's chunked tracking with it is bit for bit SAM
-2's own predictor with it (masks and object scores), as for the official configs."""
+"""The shipped demo model, `segpipe_tiny` with pipeline/weights/segpipe_tiny.pt (package data):
+it segments for real (the objects covered, the background not) and segpipe's chunked tracking
+with it is bit for bit SAM 2's own predictor with it (masks and object scores), as for the
+official configs. tests/test_wheel.py: a wheel ships the weights too."""
+
 import os
 import subprocess
 import sys
 
+import make_sample
 import numpy as np
 import pytest
-
 from conftest import ROOT, read_checked, segpipe
 from oracle import oracle_tracking, same_bits
-from segpipe.model import SHIPPED, Weights, trained_size
 
-import make_sample
+from segpipe.model import SHIPPED, Weights, trained_size
 
 T, CHUNK, WIDTH, HEIGHT = 24, 8, 160, 120
 SIZE = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1]))  # what it was trained at
@@ -31,14 +32,30 @@ def tracked(tmp_path_factory):
     make_sample.write_video(root / "clip.mp4", frames)
     make_sample.write_prompts(root, masks, frames=(5, 10, 15))
     store = root / "clip.zarr"
-    segpipe("run", root / "clip.mp4", "--store", store, "--prompts", root / "prompts.json",
-            "--model", "segpipe_tiny", "--image-size", SIZE, "--chunk-size", CHUNK,
-            "--export", "none", "--quiet", check=True)
+    segpipe(
+        "run",
+        root / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        root / "prompts.json",
+        "--model",
+        "segpipe_tiny",
+        "--image-size",
+        SIZE,
+        "--chunk-size",
+        CHUNK,
+        "--export",
+        "none",
+        "--quiet",
+        check=True,
+    )
     return root, store, masks
 
 
 def test_the_shipped_weights_say_their_image_size():
     import yaml
+
     config = yaml.safe_load(SHIPPED["segpipe_tiny"][0].read_text())["model"]
     assert SIZE == config["image_size"] == 128
 
@@ -59,6 +76,7 @@ def test_shipped_model_segments_the_objects(tracked):
 
 def test_shipped_model_tracks_bit_identical_to_sam2(tracked):
     from segpipe.model import build_model, resolve_weights
+
     root, store, _ = tracked
     predictor = build_model("segpipe_tiny", SIZE, resolve_weights("segpipe_tiny", None, None))
     oracle = oracle_tracking(store, root / "prompts.json", predictor)  # "both" from the two
@@ -70,7 +88,9 @@ def test_shipped_model_tracks_bit_identical_to_sam2(tracked):
 
 def test_official_models_build_after_ours():
     """Building segpipe_tiny points Hydra at segpipe's config folder for the build only."""
-    from segpipe.model import Weights as W, build_model
+    from segpipe.model import Weights as W
+    from segpipe.model import build_model
+
     tiny = build_model("segpipe_tiny", 128, W(random_seed=0))
     official = build_model("sam2.1_hiera_t", 128, W(random_seed=0))
     assert (tiny.hidden_dim, official.hidden_dim) == (64, 256)
@@ -79,11 +99,13 @@ def test_official_models_build_after_ours():
 def test_the_estimate_counts_the_shipped_models_widths(tracked):
     """The storage estimate of features for segpipe_tiny is its real bytes on disk (an
     official model's widths would count four times as much)."""
-    from segpipe import estimate
+    from segpipe import estimate, space
+
     _, store, _ = tracked
-    est = estimate.build(T, "raw", CHUNK, SIZE, WIDTH, HEIGHT,
-                         estimate.Later(model="segpipe_tiny"), (None, "raw"))
-    sizes, _ = estimate.disk_usage(store)
+    est = estimate.build(
+        T, "raw", CHUNK, SIZE, WIDTH, HEIGHT, estimate.Later(model="segpipe_tiny"), (None, "raw")
+    )
+    sizes, _ = space.disk_usage(store)
     on_disk = sum(v for name, v in sizes.items() if name.startswith("features/"))
     assert abs(est.parts["features"].bytes - on_disk) <= 0.02 * on_disk
 
@@ -91,10 +113,12 @@ def test_the_estimate_counts_the_shipped_models_widths(tracked):
 def test_missing_shipped_weights_are_one_line(tmp_path, monkeypatch):
     from segpipe import model
     from segpipe.errors import BadInput
+
     config, _ = model.SHIPPED["segpipe_tiny"]
     monkeypatch.setitem(model.SHIPPED, "segpipe_tiny", (config, tmp_path / "gone.pt"))
-    with pytest.raises(BadInput, match="train_tiny.py"):
+    with pytest.raises(BadInput, match="train_tiny.py") as error:
         model.resolve_weights("segpipe_tiny", None, None)
+    assert "\n" not in str(error.value) and "inside the segpipe package" in str(error.value)
 
 
 def test_offline_demo_picks_the_shipped_model(tmp_path):
@@ -103,10 +127,13 @@ def test_offline_demo_picks_the_shipped_model(tmp_path):
     code = "import demo; print(demo.pick_weights(None)[0]); print(demo.pick_weights('my.pt')[0])"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT / "data"))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.splitlines()
-    assert out == [f"['--model', 'segpipe_tiny', '--image-size', '{SIZE}']",
-                   "['--checkpoint', 'my.pt', '--image-size', '512']"]
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == [
+        f"['--model', 'segpipe_tiny', '--image-size', '{SIZE}']",
+        "['--checkpoint', 'my.pt', '--image-size', '512']",
+    ]
 
 
 def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracked, tmp_path):
@@ -114,14 +141,30 @@ def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracke
     segpipe_tiny checkpoint asks for it again, in one line."""
     import torch
     from conftest import assert_user_error
+
     from segpipe.model import build_model
+
     root, _, _ = tracked
     other = tmp_path / "other.pt"
-    torch.save({"model": build_model("segpipe_tiny", SIZE, Weights(random_seed=1)).state_dict()},
-               other)
+    torch.save(
+        {"model": build_model("segpipe_tiny", SIZE, Weights(random_seed=1)).state_dict()}, other
+    )
     store = tmp_path / "other.zarr"
-    segpipe("run", root / "clip.mp4", "--store", store, "--model", "segpipe_tiny",
-            "--checkpoint", other, "--image-size", SIZE, "--chunk-size", CHUNK, "--quiet",
-            check=True)
+    segpipe(
+        "run",
+        root / "clip.mp4",
+        "--store",
+        store,
+        "--model",
+        "segpipe_tiny",
+        "--checkpoint",
+        other,
+        "--image-size",
+        SIZE,
+        "--chunk-size",
+        CHUNK,
+        "--quiet",
+        check=True,
+    )
     proc = segpipe("track", "--store", store, "--prompts", root / "prompts.json", "--quiet")
     assert_user_error(proc, "--checkpoint")

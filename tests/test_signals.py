@@ -1,11 +1,11 @@
 """A second Ctrl-C (or SIGTERM) always ends the command at once with 130 (143) and the
 one-line resume hint, wherever it lands; the store then resumes to the same result."""
+
 import random
 import signal
 import subprocess
 import sys
 import time
-
 
 from conftest import ROOT, assert_same_store, ledger_count, run_args, segpipe, wait_for
 
@@ -29,9 +29,13 @@ def test_second_signal_always_exits_with_the_hint(small, tmp_path):
     outcomes = []
     for trial in range(6):
         signum = signal.SIGTERM if trial % 3 == 2 else signal.SIGINT
-        proc = subprocess.Popen([sys.executable, "-m", "segpipe.cli",
-                                 *map(str, args(small, store))],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "segpipe.cli", *map(str, args(small, store))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         floor = progress(store) + 1
         if not wait_for(lambda: progress(store) >= floor, proc, timeout=300):
             proc.communicate()
@@ -51,10 +55,21 @@ def test_second_signal_always_exits_with_the_hint(small, tmp_path):
 
 def test_a_signal_outside_writing_ends_quietly(small, tmp_path):
     """`status` has no chunk to finish: one signal ends it, no traceback."""
-    proc = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, '.'); sys.argv = ['segpipe', 'status', '--store', 'x'];"
-        "from segpipe import cli, interrupt; interrupt.install(); print('ready', flush=True); "
-        "time.sleep(30)")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; sys.path.insert(0, '.'); sys.argv = ['segpipe', 'status', '--store', 'x'];"
+                "from segpipe import cli, interrupt; interrupt.install(); print('ready', flush=True); "
+                "time.sleep(30)"
+            ),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)

@@ -1,18 +1,18 @@
 """Video as users have it: portrait phone video, frame folders (SAM 2's own input), trimmed
 files, two video streams, variable frame rates, odd sizes, a mid-stream size change."""
+
 import json
 import shutil
 from fractions import Fraction
 
 import av
+import make_sample
 import numpy as np
 import pytest
 import zarr
-from PIL import Image
-
-import make_sample
 from conftest import IMAGE_SIZE, assert_user_error, segpipe
 from oracle import oracle_tracking, same_bits
+from PIL import Image
 
 S = 64
 
@@ -63,14 +63,19 @@ def clip():
 def test_portrait_video_is_stored_upright(clip, tmp_path, rotation):
     video = encode(tmp_path / "phone.mp4", clip, rotation=rotation)
     store = tmp_path / "s.zarr"
-    proc = segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 5,
-                   check=True)
+    proc = segpipe(
+        "decode", video, "--store", store, "--image-size", S, "--chunk-size", 5, check=True
+    )
     upright = [np.rot90(a, k=rotation // 90) for a in coded_frames(video)]
     group = stored(store)
     assert np.array_equal(group["frames"][...], resized(upright))
     video_attrs = group.attrs["video"]
     H, W = upright[0].shape[:2]
-    assert (video_attrs["width"], video_attrs["height"], video_attrs["rotation"]) == (W, H, rotation)
+    assert (video_attrs["width"], video_attrs["height"], video_attrs["rotation"]) == (
+        W,
+        H,
+        rotation,
+    )
     assert "rotated" in proc.stderr and group.attrs["decode_warning"] is None
 
 
@@ -80,9 +85,24 @@ def test_a_rotated_video_tracks_and_exports_upright(clip, tmp_path):
     store = tmp_path / "s.zarr"
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps({"prompts": [{"object": 1, "frame": 2, "box": [5, 60, 40, 90]}]}))
-    segpipe("run", video, "--store", store, "--prompts", prompts, "--image-size", S,
-            "--chunk-size", 5, "--random-weights", 0, "--export", "davis,overlay", "--quiet",
-            check=True)
+    segpipe(
+        "run",
+        video,
+        "--store",
+        store,
+        "--prompts",
+        prompts,
+        "--image-size",
+        S,
+        "--chunk-size",
+        5,
+        "--random-weights",
+        0,
+        "--export",
+        "davis,overlay",
+        "--quiet",
+        check=True,
+    )
     assert stored(store)["masks"].shape == (12, 1, 96, 64)
     folder = tmp_path / "s.export"
     assert Image.open(folder / "davis" / "00000.png").size == (64, 96)
@@ -165,20 +185,31 @@ def test_two_video_streams_say_which_and_choose(clip, tmp_path):
     proc = segpipe("decode", video, "--store", tmp_path / "a.zarr", "--image-size", S, check=True)
     assert "2 video streams" in proc.stderr and "using #0" in proc.stderr
     assert stored(tmp_path / "a.zarr").attrs["video"]["width"] == 96
-    segpipe("decode", video, "--store", tmp_path / "b.zarr", "--image-size", S, "--stream", 1,
-            check=True)
+    segpipe(
+        "decode",
+        video,
+        "--store",
+        tmp_path / "b.zarr",
+        "--image-size",
+        S,
+        "--stream",
+        1,
+        check=True,
+    )
     group = stored(tmp_path / "b.zarr")
     assert (group.attrs["video"]["width"], group.attrs["video"]["stream"]) == (48, 1)
     assert np.array_equal(group["frames"][...], resized(coded_frames(video, 1)))
-    assert_user_error(segpipe("decode", video, "--store", tmp_path / "c.zarr", "--stream", 5),
-                      "--stream 5")
+    assert_user_error(
+        segpipe("decode", video, "--store", tmp_path / "c.zarr", "--stream", 5), "--stream 5"
+    )
 
 
 @pytest.fixture(scope="module")
 def overlay_store(tmp_path_factory):
     """A tracked store of a variable-frame-rate, odd-sized clip (161x121)."""
     from segpipe.stages.encode import encode as encode_stage
-    from segpipe.stages.track import track
+    from segpipe.stages.track.stage import track
+
     root = tmp_path_factory.mktemp("vfr")
     frames, masks = make_sample.make_clip(num_frames=10, width=161, height=121)
     times = [0, 40, 120, 160, 300, 340, 380, 500, 540, 700]  # ms
@@ -186,7 +217,7 @@ def overlay_store(tmp_path_factory):
     make_sample.write_prompts(root, masks, frames=(1, 2, 3))
     store = root / "s.zarr"
     segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 4, check=True)
-    encode_stage(store, random_seed=0, quiet=True)
+    encode_stage(store, random_weights=0, quiet=True)
     track(store, root / "prompts.json", quiet=True)
     return store, video, times
 
@@ -198,20 +229,37 @@ def test_vfr_timing_is_kept_in_store_overlay_and_vis_json(overlay_store, tmp_pat
     segpipe("export", "--store", store, "--format", "overlay", "--out", out, check=True)
     with av.open(str(out)) as c:
         s = c.streams.video[0]
-        assert (s.codec_context.name, s.format.name, s.width, s.height) == ("h264", "yuv420p", 162, 122)
+        assert (s.codec_context.name, s.format.name, s.width, s.height) == (
+            "h264",
+            "yuv420p",
+            162,
+            122,
+        )
         got = [float(f.pts * s.time_base) for f in c.decode(s)]
     assert np.allclose(got, np.array(times) / 1000, atol=1e-3), got
     assert stored(store).attrs["exports"]["overlay"]["size"] == [162, 122]
     part = tmp_path / "part.mp4"  # a range starting inside a chunk keeps its timing too
-    segpipe("export", "--store", store, "--format", "overlay", "--out", part, "--frames", "2:9",
-            check=True)
+    segpipe(
+        "export",
+        "--store",
+        store,
+        "--format",
+        "overlay",
+        "--out",
+        part,
+        "--frames",
+        "2:9",
+        check=True,
+    )
     with av.open(str(part)) as c:
         s = c.streams.video[0]
         got = [float(f.pts * s.time_base) for f in c.decode(s)]
     assert np.allclose(got, (np.array(times[2:9]) - times[2]) / 1000, atol=1e-3), got
     js = tmp_path / "m.json"
     segpipe("export", "--store", store, "--format", "vis-json", "--out", js, check=True)
-    assert np.allclose(json.loads(js.read_text())["videos"][0]["timestamps"], np.array(times) / 1000)
+    assert np.allclose(
+        json.loads(js.read_text())["videos"][0]["timestamps"], np.array(times) / 1000
+    )
 
 
 def test_vfr_mkv_and_longer_audio_give_no_false_warning(tmp_path):
@@ -232,13 +280,17 @@ def test_vfr_mkv_and_longer_audio_give_no_false_warning(tmp_path):
         for packet in v.encode():
             out.mux(packet)
         for i in range(30):  # 3 s of audio
-            chunk = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+            chunk = av.AudioFrame.from_ndarray(
+                np.zeros((1, 800), np.int16), format="s16", layout="mono"
+            )
             chunk.sample_rate, chunk.pts = 8000, i * 800
             for packet in a.encode(chunk):
                 out.mux(packet)
         for packet in a.encode():
             out.mux(packet)
-    proc = segpipe("decode", with_audio, "--store", tmp_path / "b.zarr", "--image-size", S, check=True)
+    proc = segpipe(
+        "decode", with_audio, "--store", tmp_path / "b.zarr", "--image-size", S, check=True
+    )
     assert "truncated" not in proc.stderr and stored(tmp_path / "b.zarr").attrs["frame_count"] == 24
 
 
@@ -283,9 +335,10 @@ def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
     segpipe("decode", video, "--store", store, "--image-size", S, check=True)
     assert np.array_equal(stored(store)["frames"][...], resized(coded_frames(video)))
     assert stored(store).attrs["video"]["width"] == 96
-    from segpipe.stages.track import track
     from segpipe.stages.encode import encode as encode_stage
-    encode_stage(store, random_seed=0, quiet=True)
+    from segpipe.stages.track.stage import track
+
+    encode_stage(store, random_weights=0, quiet=True)
     track(store, [{"object": 1, "frame": 1, "box": [10, 10, 40, 30]}], quiet=True)
     out = tmp_path / "o.mp4"
     segpipe("export", "--store", store, "--format", "overlay", "--out", out, check=True)
@@ -293,6 +346,7 @@ def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
 
 
 # -- frame folders -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def jpeg_folder(tmp_path_factory):
@@ -314,16 +368,35 @@ def jpeg_folder(tmp_path_factory):
 def test_a_jpeg_folder_tracks_bit_identically_to_sam2(jpeg_folder, tmp_path, predictor, chunk_size):
     folder, prompts = jpeg_folder
     store = tmp_path / "s.zarr"
-    segpipe("run", folder, "--store", store, "--prompts", prompts, "--chunk-size", chunk_size,
-            "--image-size", IMAGE_SIZE, "--random-weights", 0, "--direction", "both",
-            "--export", "none", "--quiet", check=True)
+    segpipe(
+        "run",
+        folder,
+        "--store",
+        store,
+        "--prompts",
+        prompts,
+        "--chunk-size",
+        chunk_size,
+        "--image-size",
+        IMAGE_SIZE,
+        "--random-weights",
+        0,
+        "--direction",
+        "both",
+        "--export",
+        "none",
+        "--quiet",
+        check=True,
+    )
     expected = oracle_tracking(store, prompts, predictor, video_dir=folder)
     group = stored(store)
     assert group.attrs["video"]["kind"] == "frames" and group.attrs["frame_count"] == 14
     for direction in ("forward", "reverse"):
         if direction == "reverse" or chunk_size == 3:
             track_store = shutil.copytree(store, tmp_path / f"{direction}.zarr")
-            segpipe("track", "--store", track_store, "--direction", direction, "--quiet", check=True)
+            segpipe(
+                "track", "--store", track_store, "--direction", direction, "--quiet", check=True
+            )
             got = stored(track_store)
             assert np.array_equal(got["masks"][...], expected.masks[direction]), direction
             assert same_bits(got["object_scores"][...], expected.scores[direction]), direction
@@ -334,8 +407,24 @@ def test_a_jpeg_folder_tracks_bit_identically_to_sam2(jpeg_folder, tmp_path, pre
 def test_a_folder_overlay_is_a_video_at_its_fps(jpeg_folder, tmp_path):
     folder, prompts = jpeg_folder
     store = tmp_path / "s.zarr"
-    segpipe("run", folder, "--store", store, "--prompts", prompts, "--image-size", S,
-            "--random-weights", 0, "--fps", 10, "--export", "overlay", "--quiet", check=True)
+    segpipe(
+        "run",
+        folder,
+        "--store",
+        store,
+        "--prompts",
+        prompts,
+        "--image-size",
+        S,
+        "--random-weights",
+        0,
+        "--fps",
+        10,
+        "--export",
+        "overlay",
+        "--quiet",
+        check=True,
+    )
     out = tmp_path / "s.export" / "overlay.mp4"
     with av.open(str(out)) as c:
         s = c.streams.video[0]
@@ -370,16 +459,21 @@ def test_a_png_only_folder_is_read(tmp_path):
         Image.fromarray(img).save(folder / f"{t}.png")
     store = tmp_path / "s.zarr"
     segpipe("decode", folder, "--store", store, "--image-size", 32, check=True)
-    assert np.array_equal(stored(store)["frames"][...],
-                          np.stack([np.asarray(Image.fromarray(f).resize((32, 32))) for f in frames]))
+    assert np.array_equal(
+        stored(store)["frames"][...],
+        np.stack([np.asarray(Image.fromarray(f).resize((32, 32))) for f in frames]),
+    )
 
 
-@pytest.mark.parametrize("case,words", [
-    ("empty", ["no frames in folder"]),
-    ("non_numeric", ["frame_a.jpg", "not named by its number"]),
-    ("mixed_sizes", ["3.jpg", "must share one size"]),
-    ("unreadable", ["2.jpg", "unreadable image"]),
-])
+@pytest.mark.parametrize(
+    "case,words",
+    [
+        ("empty", ["no frames in folder"]),
+        ("non_numeric", ["frame_a.jpg", "not named by its number"]),
+        ("mixed_sizes", ["3.jpg", "must share one size"]),
+        ("unreadable", ["2.jpg", "unreadable image"]),
+    ],
+)
 def test_bad_frame_folders_are_refused_naming_the_file(tmp_path, case, words):
     folder = tmp_path / "frames"
     folder.mkdir()

@@ -1,19 +1,20 @@
 """The store's promises below the stages: every chunk has a file, commits reach the disk with
 their directory entries, one writer per store whatever the path or the caller."""
+
 import os
 import shutil
 import subprocess
 import sys
-import tomllib
-
-import numpy as np
-import pytest
-import zarr
 
 import make_sample
+import numpy as np
+import pytest
+import tomllib
+import zarr
 from conftest import ROOT, assert_user_error, segpipe, tree_digest
+
 from segpipe.errors import StoreLocked
-from segpipe.store import RunStore
+from segpipe.store.runstore import RunStore
 
 
 def test_reopened_arrays_still_write_all_fill_chunks(tmp_path):
@@ -30,11 +31,12 @@ def test_reopened_arrays_still_write_all_fill_chunks(tmp_path):
 def test_masks_pack_to_numpy_bits_on_the_device_and_read_back_in_bounded_batches(tmp_path):
     """The tracker packs each frame's masks with torch (on the device: one sync per chunk on
     CUDA) exactly as numpy.packbits does, odd sizes padded; `mask_batches` gives every frame
-    once, in order, in batches of at most the budget, from per-object and whole-chunk
-    (stores made before) layouts alike, whatever the budget."""
+    once, in order, in batches of at most the budget, whatever the budget."""
     import torch
-    from segpipe.maskio import mask_batches, pack, unpack, write_packed
-    from segpipe.stages.track import pack_bits
+
+    from segpipe.stages.track.tracker import pack_bits
+    from segpipe.store.masks import mask_batches, pack, unpack, write_packed
+
     rng = np.random.default_rng(0)
     for H, W in ((5, 3), (8, 16), (13, 17)):
         m = rng.random((3, H, W)) < 0.5
@@ -43,16 +45,22 @@ def test_masks_pack_to_numpy_bits_on_the_device_and_read_back_in_bounded_batches
     T, O, H, W, C = 11, 3, 13, 17, 4
     m = rng.random((T, O, H, W)) < 0.3
     store = RunStore.create(tmp_path / "s.zarr", {"chunk_size": C})
-    for chunks in ((C, 1, H, W), (C, O, H, W)):
-        store.create_array("masks", (T, O, H, W), chunks, "bool", fill_value=False, overwrite=True)
-        write_packed(store, 0, T, pack(m))
-        assert np.array_equal(store.read("masks"), m)
-        for budget, slots in ((1, [0, 1, 2]), (2 * O * H * W, [2, 0]), (O * H * W, [1]), (1 << 30, [0, 2])):
-            for lo, hi in ((0, 4), (4, 8), (8, 11), (5, 7)):
-                batches = list(mask_batches(store, lo, hi, slots, budget))
-                assert [a for a, _ in batches] == list(np.cumsum([lo] + [len(b) for _, b in batches])[:-1])
-                assert all(b.nbytes <= max(budget, len(slots) * H * W) for _, b in batches)
-                assert np.array_equal(np.concatenate([b for _, b in batches]), m[lo:hi][:, slots])
+    store.create_array("masks", (T, O, H, W), (C, 1, H, W), "bool", fill_value=False)
+    write_packed(store, 0, T, pack(m))
+    assert np.array_equal(store.read("masks"), m)
+    for budget, slots in (
+        (1, [0, 1, 2]),
+        (2 * O * H * W, [2, 0]),
+        (O * H * W, [1]),
+        (1 << 30, [0, 2]),
+    ):
+        for lo, hi in ((0, 4), (4, 8), (8, 11), (5, 7)):
+            batches = list(mask_batches(store, lo, hi, slots, budget))
+            assert [a for a, _ in batches] == list(
+                np.cumsum([lo] + [len(b) for _, b in batches])[:-1]
+            )
+            assert all(b.nbytes <= max(budget, len(slots) * H * W) for _, b in batches)
+            assert np.array_equal(np.concatenate([b for _, b in batches]), m[lo:hi][:, slots])
 
 
 def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
@@ -75,12 +83,12 @@ def test_an_all_black_chunk_written_on_resume_has_a_file(tmp_path):
     assert "no damage found" in proc.stderr
 
 
-
 def test_attributes_set_or_dropped_together_are_one_write(tmp_path, monkeypatch):
     """decode records `frame_count` and `decode_warning` together: written one key at a time, a
     kill between the two left a store that read as decoded but lacked the warning. A spy on
     zarr's LocalStore.set (it still writes) counts the writes of the group's zarr.json."""
     from zarr.storage import LocalStore
+
     store = RunStore.create(tmp_path / "s.zarr", {"chunk_size": 4})
     writes = []
     real = LocalStore.set
@@ -96,15 +104,53 @@ def test_attributes_set_or_dropped_together_are_one_write(tmp_path, monkeypatch)
     assert writes == ["zarr.json"] * 2
     monkeypatch.undo()
     attrs = zarr.open_group(str(tmp_path / "s.zarr"), mode="r").attrs.asdict()
-    assert attrs == {"format": "segpipe", "schema_version": attrs["schema_version"],
-                     "chunk_size": 4, "decode_warning": None}
+    assert attrs == {
+        "format": "segpipe",
+        "schema_version": attrs["schema_version"],
+        "chunk_size": 4,
+        "decode_warning": None,
+    }
+
+
+def test_a_store_of_schema_version_1_is_refused_in_one_line(decoded, clip_dir, tmp_path):
+    """Version 1 covered layouts this segpipe no longer reads (masks in one chunk per pipeline
+    chunk, attributes stores lacked): every command refuses such a store in one line that
+    says how to go on, and leaves it as it is."""
+    from segpipe.store.runstore import SCHEMA_VERSION
+
+    assert SCHEMA_VERSION == 2
+    assert zarr.open_group(str(decoded), mode="r").attrs["schema_version"] == 2  # made today
+    zarr.open_group(str(decoded), mode="r+").attrs["schema_version"] = 1
+    before = tree_digest(decoded)
+    for args in (
+        ("decode", clip_dir / "clip.mp4", "--store", decoded),
+        ("decode", clip_dir / "clip.mp4", "--store", decoded, "--force"),
+        ("status", "--store", decoded),
+        ("export", "--store", decoded, "--format", "davis", "--out", tmp_path / "out"),
+        ("repair", "--store", decoded),
+    ):
+        proc = segpipe(*args)
+        assert_user_error(
+            proc,
+            f"store {decoded} has schema version 1",
+            "this segpipe reads version 2",
+            "make a new store",
+            f"a new --store, or delete {decoded}",
+            "run the command again",
+        )
+    assert tree_digest(decoded) == before
+    assert not (tmp_path / "out").exists()
+
 
 # -- power loss: directory entries are durable before the ledger entry ---------------------
 
-def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(tmp_path, monkeypatch,
-                                                                     clip_dir):
+
+def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(
+    tmp_path, monkeypatch, clip_dir
+):
     """A spy on os.fsync (it still syncs) records what was made durable, in order."""
     from segpipe.stages.decode import decode
+
     synced = []
     real = os.fsync
 
@@ -141,12 +187,22 @@ def test_zarr_is_pinned_to_atomic_writes():
 
 # -- one writer per store ------------------------------------------------------------------
 
+
 def hold_lock(path) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, '.');"
-        "from segpipe.lock import store_lock\n"
-        f"with store_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)")],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; sys.path.insert(0, '.');"
+                "from segpipe.store.lock import store_lock\n"
+                f"with store_lock({str(path)!r}):\n    print('held', flush=True); time.sleep(60)"
+            ),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -154,8 +210,17 @@ def hold_lock(path) -> subprocess.Popen:
 @pytest.fixture
 def decoded(tmp_path, clip_dir):
     store = tmp_path / "real" / "s.zarr"
-    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", 8,
-            "--image-size", 32, check=True)
+    segpipe(
+        "decode",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        8,
+        "--image-size",
+        32,
+        check=True,
+    )
     return store
 
 
@@ -176,8 +241,10 @@ def test_a_symlink_or_relative_path_finds_the_same_lock(decoded, tmp_path, clip_
 
 def test_another_thread_is_refused_like_another_process(decoded):
     import threading
+
     from segpipe.errors import StoreLocked
-    from segpipe.lock import store_lock
+    from segpipe.store.lock import store_lock
+
     outcome = []
 
     def second_writer():
@@ -198,7 +265,8 @@ def test_another_thread_is_refused_like_another_process(decoded):
 
 def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
     from segpipe.stages.decode import decode
-    from segpipe.stages.export import export
+    from segpipe.stages.export.stage import export
+
     holder = hold_lock(decoded)
     try:
         before = tree_digest(decoded)
@@ -211,7 +279,43 @@ def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
         holder.kill()
         holder.wait()
     # and the other way round: while Python holds it, the CLI is refused
-    from segpipe.lock import store_lock
+    from segpipe.store.lock import store_lock
+
     with store_lock(decoded), store_lock(decoded):  # re-entrant within one process
         assert_user_error(segpipe("decode", clip_dir / "clip.mp4", "--store", decoded), "in use by")
     shutil.rmtree(decoded.parent / "out", ignore_errors=True)
+
+
+def test_a_stale_lease_refuses_every_write_to_the_store(tmp_path):
+    """A store opened under a Dask task's lease (`RunStore.open(path, lease=token)`) checks
+    the lease inside zarr's own store, before every write: chunks, new arrays, metadata,
+    attributes, ledger records and deletions. Under the client's live token they go
+    through; under a token of a run that was taken over, none does and no file changes."""
+    from segpipe.store.lock import store_lock, token
+
+    path = tmp_path / "s.zarr"
+    store = RunStore.create(path, {"chunk_size": 4})
+    store.create_array("a", (8, 3), (4, 3), "uint8")
+    with store_lock(path):  # this test is the client: it holds the lock
+        live = RunStore.open(path, lease=token(path))
+        live.array("a")[0:4] = 1
+        live.ledger("decode").mark_done(0)
+        live.set_attrs(frame_count=8)
+        before = tree_digest(path)
+        stale = RunStore.open(path, lease="a token of a run that was taken over")
+        writes = {
+            "a chunk": lambda: stale.array("a").__setitem__(slice(4, 8), 2),
+            "a new array": lambda: stale.create_array("b", (8,), (4,), "uint8"),
+            "a resize": lambda: stale.array("a").resize((12, 3)),
+            "attributes": lambda: stale.set_attrs(frame_count=9),
+            "dropped attributes": lambda: stale.drop_attrs("frame_count"),
+            "a ledger record": lambda: stale.ledger("decode").mark_done(1),
+            "a ledger undo": lambda: stale.ledger("decode").undo(0),
+            "a ledger reset": lambda: stale.ledger("decode").reset(),
+            "a deletion": lambda: stale.delete("a"),
+        }
+        for what, write in writes.items():
+            with pytest.raises(StoreLocked, match="no longer locked"):
+                write()
+            assert tree_digest(path) == before, what
+    assert RunStore.open(path).read("a", 0, 4).tolist() == [[1, 1, 1]] * 4

@@ -5,6 +5,7 @@ back with a missing chunk file detected, not read as fill.
 
 The module's encoded stores are read-only for tests: a test that tracks copies the store it
 needs, so no test depends on what another one did to a store first."""
+
 import json
 import random
 import shutil
@@ -13,13 +14,24 @@ import time
 
 import numpy as np
 import pytest
-
-from conftest import (IMAGE_SIZE, EncoderCalls, assert_user_error, chunk_files, ledger_count,
-                      popen_segpipe, read_checked, segpipe, tree_digest, tree_mtimes, wait_for)
+from conftest import (
+    IMAGE_SIZE,
+    EncoderCalls,
+    assert_user_error,
+    chunk_files,
+    ledger_count,
+    popen_segpipe,
+    read_checked,
+    segpipe,
+    tree_digest,
+    tree_mtimes,
+    wait_for,
+)
 from oracle import oracle_tracking, same_bits
-from segpipe.store import RunStore
+
 from segpipe.stages.encode import encode
-from segpipe.stages.track import track
+from segpipe.stages.track.stage import track
+from segpipe.store.runstore import RunStore
 
 T = 40
 CHUNK_SIZES = [1, 3, 7, 16, 64]
@@ -33,9 +45,19 @@ def stores(tmp_path_factory, clip_dir, predictor):
     out = {}
     for C in CHUNK_SIZES:
         store = root / f"c{C}.zarr"
-        segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", C,
-                "--image-size", IMAGE_SIZE, "--quiet", check=True)
-        encode(store, random_seed=0, quiet=True, predictor=predictor)
+        segpipe(
+            "decode",
+            clip_dir / "clip.mp4",
+            "--store",
+            store,
+            "--chunk-size",
+            C,
+            "--image-size",
+            IMAGE_SIZE,
+            "--quiet",
+            check=True,
+        )
+        encode(store, random_weights=0, quiet=True, predictor=predictor)
         out[C] = store
     return out
 
@@ -78,8 +100,11 @@ def test_prompts_cover_points_box_mask_on_different_frames(clip_dir):
 
 
 def test_oracle_scores_cover_exactly_the_tracked_frames(oracle):
-    for direction, expected in (("both", np.ones(T, bool)), ("forward", np.arange(T) >= 9),
-                                ("reverse", np.arange(T) <= 9)):
+    for direction, expected in (
+        ("both", np.ones(T, bool)),
+        ("forward", np.arange(T) >= 9),
+        ("reverse", np.arange(T) <= 9),
+    ):
         scores = oracle.scores[direction]
         assert scores.shape == (T, 3) and scores.dtype == np.float32
         assert np.array_equal(~np.isnan(scores), np.repeat(expected[:, None], 3, 1)), direction
@@ -88,8 +113,9 @@ def test_oracle_scores_cover_exactly_the_tracked_frames(oracle):
 
 @pytest.mark.parametrize("direction", ["both", "forward", "reverse"])
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_masks_bit_identical_to_sam2(stores, oracle, clip_dir, predictor, chunk_size, direction,
-                                     tmp_path):
+def test_masks_bit_identical_to_sam2(
+    stores, oracle, clip_dir, predictor, chunk_size, direction, tmp_path
+):
     store = copy_of(stores, chunk_size, tmp_path)
     track(store, clip_dir / "prompts.json", direction, quiet=True, predictor=predictor)
     assert_matches_oracle(store, oracle, direction, chunk_size)
@@ -97,22 +123,28 @@ def test_masks_bit_identical_to_sam2(stores, oracle, clip_dir, predictor, chunk_
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [1, 2, 3]
     # one zarr chunk per object and pipeline chunk, every one written
     assert RunStore.open(store).array("masks").chunks == (chunk_size, 1, 120, 160)
-    assert chunk_files(store, ["masks"]) == {f"masks/c/{k}/{o}/0/0" for k in
-                                             range(-(-T // chunk_size)) for o in range(3)}
+    assert chunk_files(store, ["masks"]) == {
+        f"masks/c/{k}/{o}/0/0" for k in range(-(-T // chunk_size)) for o in range(3)
+    }
     tracked = read_checked(store, "tracked")
-    expected = {"both": np.ones(T, bool), "forward": np.arange(T) >= 9,
-                "reverse": np.arange(T) <= 9}[direction]
+    expected = {
+        "both": np.ones(T, bool),
+        "forward": np.arange(T) >= 9,
+        "reverse": np.arange(T) <= 9,
+    }[direction]
     assert np.array_equal(tracked, expected)
 
 
-def test_masks_in_bands_of_rows_are_the_same(stores, oracle, clip_dir, predictor, tmp_path,
-                                             monkeypatch):
+def test_masks_in_bands_of_rows_are_the_same(
+    stores, oracle, clip_dir, predictor, tmp_path, monkeypatch
+):
     """Large frames chunk their masks in bands of rows too (a zarr chunk stays within
     `MASK_CHUNK_BYTES`): here 50 rows at chunk size 7, so bands 0..49, 50..99 and a short
     100..119; the chunk of the prompts is written by both passes. Same masks as SAM 2, every
     band's file written, and exports byte for byte those of the one-band store."""
-    from segpipe import maskio
-    from segpipe.stages.export import export
+    from segpipe.stages.export.stage import export
+    from segpipe.store import masks as maskio
+
     whole = copy_of(stores, 7, tmp_path / "whole")
     track(whole, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     monkeypatch.setattr(maskio, "MASK_CHUNK_BYTES", 7 * 160 * 50)
@@ -120,21 +152,29 @@ def test_masks_in_bands_of_rows_are_the_same(stores, oracle, clip_dir, predictor
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     assert RunStore.open(store).array("masks").chunks == (7, 1, 50, 160)
     assert_matches_oracle(store, oracle, "both", 7)
-    assert chunk_files(store, ["masks"]) == {f"masks/c/{k}/{o}/{band}/0" for k in range(-(-T // 7))
-                                             for o in range(3) for band in range(3)}
+    assert chunk_files(store, ["masks"]) == {
+        f"masks/c/{k}/{o}/{band}/0"
+        for k in range(-(-T // 7))
+        for o in range(3)
+        for band in range(3)
+    }
     for fmt in ("davis", "overlay"):
         ours = export(store, fmt, tmp_path / f"ours_{fmt}", quiet=True)
         ref = export(whole, fmt, tmp_path / f"ref_{fmt}", quiet=True)
-        assert (tree_digest(ours) == tree_digest(ref) if ours.is_dir()
-                else ours.read_bytes() == ref.read_bytes()), fmt
+        assert (
+            tree_digest(ours) == tree_digest(ref)
+            if ours.is_dir()
+            else ours.read_bytes() == ref.read_bytes()
+        ), fmt
 
 
 def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_path):
     rng = random.Random(4)
     store = copy_of(stores, 3, tmp_path)
     target = rng.randint(1, 8)
-    proc = popen_segpipe("track", "--store", store, "--prompts", clip_dir / "prompts.json",
-                         "--direction", "both")
+    proc = popen_segpipe(
+        "track", "--store", store, "--prompts", clip_dir / "prompts.json", "--direction", "both"
+    )
     assert wait_for(lambda: ledger_count(store, "track_forward") >= target, proc, timeout=300)
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGKILL)
@@ -150,10 +190,21 @@ def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, pr
     masks = np.load(clip_dir / "masks.npy")
     ys, xs = np.nonzero(masks[25, 2])
     second = tmp_path / "second.json"
-    second.write_text(json.dumps({"prompts": [
-        {"object": 7, "frame": 25, "points": [[float(xs.mean()), float(ys.mean())]], "labels": [1]},
-        {"object": 1, "frame": 30, "box": [10, 10, 60, 50]},
-    ]}))
+    second.write_text(
+        json.dumps(
+            {
+                "prompts": [
+                    {
+                        "object": 7,
+                        "frame": 25,
+                        "points": [[float(xs.mean()), float(ys.mean())]],
+                        "labels": [1],
+                    },
+                    {"object": 1, "frame": 30, "box": [10, 10, 60, 50]},
+                ]
+            }
+        )
+    )
     calls = EncoderCalls(predictor)
     track(store, second, "both", quiet=True, predictor=predictor)
     calls.close()
@@ -169,20 +220,30 @@ def test_sam2_itself_crashes_without_the_memory_cast(stores, clip_dir):
     """Why `install_memory_cast` exists: object 2 is tracked before its first prompt."""
     import torch
     from sam2.build_sam import build_sam2_video_predictor
+
     torch.manual_seed(0)
-    raw = build_sam2_video_predictor("configs/sam2.1/sam2.1_hiera_t.yaml", device="cpu",
-                                     hydra_overrides_extra=[f"++model.image_size={IMAGE_SIZE}"])
+    raw = build_sam2_video_predictor(
+        "configs/sam2.1/sam2.1_hiera_t.yaml",
+        device="cpu",
+        hydra_overrides_extra=[f"++model.image_size={IMAGE_SIZE}"],
+    )
     with pytest.raises(RuntimeError, match="dtype"):
         oracle_tracking(stores[64], clip_dir / "prompts.json", raw)
 
 
 BAD_PROMPTS = {
-    "frame_out_of_range": ({"object": 1, "frame": 40, "points": [[5, 5]], "labels": [1]}, "out of range"),
+    "frame_out_of_range": (
+        {"object": 1, "frame": 40, "points": [[5, 5]], "labels": [1]},
+        "out of range",
+    ),
     "point_outside": ({"object": 1, "frame": 2, "points": [[5, 500]], "labels": [1]}, "outside"),
     "box_outside": ({"object": 1, "frame": 2, "box": [0, 0, 170, 20]}, "box"),
     "bad_label": ({"object": 1, "frame": 2, "points": [[5, 5]], "labels": [2]}, "labels must be"),
     "points_without_labels": ({"object": 1, "frame": 2, "points": [[5, 5]]}, "together"),
-    "unknown_key": ({"object": 1, "frame": 2, "points": [[5, 5]], "labels": [1], "colour": 3}, "unknown key"),
+    "unknown_key": (
+        {"object": 1, "frame": 2, "points": [[5, 5]], "labels": [1], "colour": 3},
+        "unknown key",
+    ),
     "mask_wrong_size": ({"object": 1, "frame": 2, "mask": "small.png"}, "the video is 160x120"),
     "mask_missing": ({"object": 1, "frame": 2, "mask": "nowhere.png"}, "not found"),
 }
@@ -191,6 +252,7 @@ BAD_PROMPTS = {
 @pytest.mark.parametrize("case", [*BAD_PROMPTS, "empty_list", "not_json"])
 def test_bad_prompts_are_refused_and_nothing_is_written(stores, tmp_path, case):
     from PIL import Image
+
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(tmp_path / "small.png")
     path = tmp_path / "prompts.json"
     if case == "empty_list":

@@ -1,17 +1,18 @@
 """One-pass tracking leaves frames no pass reaches: they are written as untracked, export as
 empty, and repair mends them; damage in the chunk a pass writes only in part is repaired."""
+
 import json
 import shutil
 
 import numpy as np
 import pytest
 import zarr
+from conftest import IMAGE_SIZE, assert_same_store, segpipe
 from PIL import Image
 
-from conftest import IMAGE_SIZE, assert_same_store, segpipe, to_old_layout
-from segpipe.store import RunStore
 from segpipe.stages.encode import encode
-from segpipe.stages.track import track
+from segpipe.stages.track.stage import track
+from segpipe.store.runstore import RunStore
 
 C = 4
 START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..11
@@ -20,9 +21,19 @@ START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..
 @pytest.fixture(scope="module")
 def encoded(tmp_path_factory, clip_dir, predictor):
     store = tmp_path_factory.mktemp("untracked") / "enc.zarr"
-    segpipe("decode", clip_dir / "clip.mp4", "--store", store, "--chunk-size", C,
-            "--image-size", IMAGE_SIZE, "--quiet", check=True)
-    encode(store, random_seed=0, quiet=True, predictor=predictor)
+    segpipe(
+        "decode",
+        clip_dir / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        C,
+        "--image-size",
+        IMAGE_SIZE,
+        "--quiet",
+        check=True,
+    )
+    encode(store, random_weights=0, quiet=True, predictor=predictor)
     return store
 
 
@@ -38,13 +49,14 @@ def tracked(encoded, clip_dir, predictor, tmp_path_factory):
 
 
 def chunk_file(store, name, k, obj=0):
-    """Chunk k's file (masks of new stores: object slot `obj`'s; one file per object)."""
+    """Chunk k's file (masks: object slot `obj`'s; one file per object)."""
     ndim = zarr.open_group(str(store), mode="r")[name].ndim
     return store.joinpath(name, "c", str(k), *[str(obj)] * (ndim > 1), *["0"] * (ndim - 2))
 
 
-@pytest.mark.parametrize("direction,untracked", [("forward", range(0, START)),
-                                                  ("reverse", range(START + 1, 40))])
+@pytest.mark.parametrize(
+    "direction,untracked", [("forward", range(0, START)), ("reverse", range(START + 1, 40))]
+)
 def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction, untracked):
     store = shutil.copytree(tracked[direction], tmp_path / "s.zarr")  # exports change a store
     for name in ("masks", "object_scores", "tracked"):
@@ -79,19 +91,17 @@ def test_a_damaged_untracked_chunk_is_repaired(tracked, tmp_path):
     assert "no damage found" in segpipe("repair", "--store", store, check=True).stderr
 
 
-@pytest.mark.parametrize("direction,name,layout", [
-    ("forward", "masks", "new"), ("reverse", "masks", "new"), ("both", "masks", "new"),
-    ("both", "object_scores", "new"), ("both", "masks", "old")])
-def test_damage_in_the_start_chunk_is_repaired(tracked, tmp_path, direction, name, layout):
+@pytest.mark.parametrize(
+    "direction,name",
+    [("forward", "masks"), ("reverse", "masks"), ("both", "masks"), ("both", "object_scores")],
+)
+def test_damage_in_the_start_chunk_is_repaired(tracked, tmp_path, direction, name):
     """Chunk 2 holds frames 8..11: passes write only part of it (reverse 8..9, forward 9..11),
     so the redo reads it first: the damaged file must be gone before. Masks: one object's
-    file of the chunk is damaged; in a store made before masks were chunked per object
-    (`old`), the chunk's only file, and the repair writes that layout back."""
+    file of the chunk is damaged."""
     reference = tracked[direction]
-    if layout == "old":
-        reference = to_old_layout(shutil.copytree(reference, tmp_path / "ref.zarr"))
     store = shutil.copytree(reference, tmp_path / "s.zarr")
-    path = chunk_file(store, name, START // C, obj=1 if (name, layout) == ("masks", "new") else 0)
+    path = chunk_file(store, name, START // C, obj=1 if name == "masks" else 0)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -99,4 +109,4 @@ def test_damage_in_the_start_chunk_is_repaired(tracked, tmp_path, direction, nam
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{name!r} chunk {START // C}" in proc.stderr
     assert_same_store(reference, store)
-    assert zarr.open_group(str(store), mode="r")["masks"].chunks[1] == (3 if layout == "old" else 1)
+    assert zarr.open_group(str(store), mode="r")["masks"].chunks[1] == 1

@@ -16,6 +16,7 @@ memory (written for the tests; the tool's code is not copied into the project).
 A video the tool stops on (a missing first mask, an object new on a later frame) raises
 `ToolError` and writes nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,19 +51,28 @@ def oracle_predictor(image_size: int, seed: int, postprocessing: bool, per_obj: 
     weights segpipe's `--random-weights SEED` makes) and the documented CPU float32 cast
     (README, Tracking semantics)."""
     from sam2.build_sam import build_sam2_video_predictor
+
     torch.manual_seed(seed)
     predictor = build_sam2_video_predictor(
-        OFFICIAL["sam2.1_hiera_t"][0], ckpt_path=None, device="cpu",
+        OFFICIAL["sam2.1_hiera_t"][0],
+        ckpt_path=None,
+        device="cpu",
         apply_postprocessing=postprocessing,
-        hydra_overrides_extra=[f"++model.image_size={image_size}",
-                               "++model.non_overlap_masks=" + ("false" if per_obj else "true")])
+        hydra_overrides_extra=[
+            f"++model.image_size={image_size}",
+            "++model.non_overlap_masks=" + ("false" if per_obj else "true"),
+        ],
+    )
     install_memory_cast(predictor)
     return predictor.eval()
 
 
 def frame_stems(folder: Path) -> list[str]:
-    stems = [os.path.splitext(p)[0] for p in os.listdir(folder)
-             if os.path.splitext(p)[1] in (".jpg", ".jpeg", ".JPG", ".JPEG")]
+    stems = [
+        os.path.splitext(p)[0]
+        for p in os.listdir(folder)
+        if os.path.splitext(p)[1] in (".jpg", ".jpeg", ".JPG", ".JPEG")
+    ]
     return sorted(stems, key=int)
 
 
@@ -106,8 +116,11 @@ def write_outputs(out: Path, video: str, stems, per_frame: dict, height, width, 
     for t, masks in per_frame.items():
         if per_obj:
             for obj, m in masks.items():
-                save_png(out / video / f"{obj:03d}" / f"{stems[t]}.png",
-                         m.reshape(height, width).astype(np.uint8), palette)
+                save_png(
+                    out / video / f"{obj:03d}" / f"{stems[t]}.png",
+                    m.reshape(height, width).astype(np.uint8),
+                    palette,
+                )
         else:
             composed = np.zeros((height, width), np.uint8)
             for obj in sorted(masks, reverse=True):  # the lowest id painted last: it wins
@@ -116,22 +129,48 @@ def write_outputs(out: Path, video: str, stems, per_frame: dict, height, width, 
 
 
 @torch.inference_mode()
-def oracle_video(predictor, frames_dir: Path, mask_dir: Path, out: Path, video: str,
-                 score_thresh=0.0, use_all_masks=False, per_obj=False, later=False) -> None:
+def oracle_video(
+    predictor,
+    frames_dir: Path,
+    mask_dir: Path,
+    out: Path,
+    video: str,
+    score_thresh=0.0,
+    use_all_masks=False,
+    per_obj=False,
+    later=False,
+) -> None:
     folder = frames_dir / video
     stems = frame_stems(folder)
     state = predictor.init_state(video_path=str(folder))
     H, W = state["video_height"], state["video_width"]
     if later:
-        return _later(predictor, state, stems, mask_dir, out, video, score_thresh,
-                      use_all_masks, per_obj, H, W)
+        return _later(
+            predictor,
+            state,
+            stems,
+            mask_dir,
+            out,
+            video,
+            score_thresh,
+            use_all_masks,
+            per_obj,
+            H,
+            W,
+        )
     if not use_all_masks:
         frames = [0]
     elif not per_obj:
         frames = [t for t, s in enumerate(stems) if (mask_dir / video / f"{s}.png").exists()]
     else:
-        frames = sorted({t for name in os.listdir(mask_dir / video) for t, s in enumerate(stems)
-                         if (mask_dir / video / name / f"{s}.png").exists()})
+        frames = sorted(
+            {
+                t
+                for name in os.listdir(mask_dir / video)
+                for t, s in enumerate(stems)
+                if (mask_dir / video / name / f"{s}.png").exists()
+            }
+        )
     if not frames:
         raise ToolError("no input masks")
     objects, palette = None, None
@@ -151,8 +190,9 @@ def oracle_video(predictor, frames_dir: Path, mask_dir: Path, out: Path, video: 
     write_outputs(out, video, stems, results, H, W, per_obj, palette)
 
 
-def _later(predictor, state, stems, mask_dir, out, video, score_thresh, use_all_masks,
-           per_obj, H, W):
+def _later(
+    predictor, state, stems, mask_dir, out, video, score_thresh, use_all_masks, per_obj, H, W
+):
     inputs, palette = {}, None
     for t, s in enumerate(stems):
         if not per_obj and not (mask_dir / video / f"{s}.png").exists():
@@ -168,7 +208,8 @@ def _later(predictor, state, stems, mask_dir, out, video, score_thresh, use_all_
         for t, m in sorted(inputs[obj].items()):
             predictor.add_new_mask(state, t, obj, m)
         for t, _, video_res in predictor.propagate_in_video(
-                state, start_frame_idx=min(inputs[obj]), reverse=False):
+            state, start_frame_idx=min(inputs[obj]), reverse=False
+        ):
             logits[obj][t] = video_res.cpu().numpy()
     results = {}
     for t in range(len(stems)):

@@ -1,0 +1,391 @@
+"""Dask distributed for `--workers N` and `--scheduler ADDRESS`: the client side.
+
+Without either, nothing here runs and Dask is never imported. With `--workers N`, a
+`LocalCluster` of N worker processes of one thread each; with `--scheduler`, the workers
+already attached to that scheduler. Before any work is sent, every worker proves that it
+sees the store (the lock file this process holds, with its token: `store.lock.check_lease`) and
+the other paths the work reads, on the same device type: a cluster whose workers do not
+share the client's file system is refused in one line.
+
+`Cluster` sends the units of work (`segpipe.dask.tasks`: encode chunks, tracking passes,
+export chunks, dataset videos) and waits for them, watching the futures; a `SegpipeError` raised in a task reaches the caller as itself (the CLI prints its
+one line), a worker that dies mid-task has its task run again elsewhere (Dask's own retry).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from segpipe import interrupt, log
+from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_task
+from segpipe.errors import BadInput, SegpipeError
+from segpipe.plan import pass_chunks, pass_frame_count_in
+from segpipe.store.retention import keep_setting, refuse_on_dask
+
+POLL = 0.25  # seconds between looks at the futures (and, while tracking, at the ledgers)
+
+
+@contextmanager
+def connect(
+    workers: int | None = None,
+    scheduler: str | None = None,
+    device: str = "auto",
+    quiet: bool = False,
+    store=None,
+    paths=(),
+):
+    """A `Cluster` for the command, or None without `workers` and `scheduler`. With `store`,
+    this process holds the store's lock for as long (taken here, or already held), and the
+    workers write under it."""
+    if workers is None and scheduler is None:
+        yield None
+        return
+    if workers is not None and scheduler is not None:
+        raise BadInput("give --workers or --scheduler, not both")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise BadInput(f"--workers must be a positive integer, got {workers!r}")
+    if importlib.util.find_spec("distributed") is None:
+        raise BadInput("--workers and --scheduler need Dask: pip install 'segpipe[dask]'")
+    if store is not None:
+        from segpipe.store.runstore import RunStore
+
+        if RunStore.exists(store):
+            refuse_on_dask(keep_setting(RunStore.open(store, read_only=True)), store)
+    with ExitStack() as stack:
+        if store is not None:
+            from segpipe.store.lock import store_lock
+
+            stack.enter_context(store_lock(store))
+        client = stack.enter_context(_client(workers, scheduler))
+        cluster = Cluster(client, worker_threads())
+        cluster.check(device, store, paths)
+        log.info(
+            f"dask: {cluster.size} workers ({cluster.device}); "
+            f"dashboard {_dashboard(client, workers)}",
+            quiet,
+        )
+        yield cluster
+
+
+def worker_threads() -> int:
+    """Torch threads per worker, always sent: the client's OMP_NUM_THREADS where it is set,
+    else the client's `torch.get_num_threads()`, the count a single-process run here would
+    use. Results are bit for bit that run's only at its thread count (CPU results change
+    in the last bits with it), and a worker left to its own would pick one from its
+    machine and from Dask (which sets OMP_NUM_THREADS=1 in the workers it starts). On a
+    local cluster, OMP_NUM_THREADS=cores//N keeps N workers from oversubscribing."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    import torch
+
+    return torch.get_num_threads()
+
+
+def absolute(checkpoint: str | None) -> str | None:
+    """A checkpoint path as the workers must get it: absolute (theirs is not the client's
+    working directory); an hf: name as it is."""
+    if checkpoint is None or str(checkpoint).startswith("hf:"):
+        return checkpoint
+    return str(Path(checkpoint).resolve())
+
+
+@contextmanager
+def _client(workers: int | None, scheduler: str | None):
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)  # failures come back as errors
+    if workers is not None:
+        import dask
+
+        # Dask's port where the dashboard can be served (bokeh), else any free one (its
+        # HTTP server still runs: health and metrics)
+        dashboard = ":8787" if importlib.util.find_spec("bokeh") else ":0"
+        # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536: glibc then gives
+        # back and faults in again the image encoder's buffers, a chunk encoded 40% slower
+        # (3.75 s against 2.66 s for 16 frames at 256 here); segpipe's workers go without it
+        environ = {
+            k: v
+            for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
+            if k != "MALLOC_TRIM_THRESHOLD_"
+        }
+        with (
+            dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                silence_logs=logging.ERROR,
+                dashboard_address=dashboard,
+            ) as local,
+            Client(local) as client,
+        ):
+            yield client
+        return
+    try:
+        client = Client(scheduler)  # within Dask's connect timeout (its config: 30 s)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise BadInput(
+            f"cannot reach the Dask scheduler at {scheduler}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
+    with client:
+        try:
+            client.wait_for_workers(1, timeout=60)
+        except TimeoutError:
+            raise BadInput(f"the Dask scheduler at {scheduler} has no workers") from None
+        yield client
+
+
+def _dashboard(client, workers: int | None) -> str:
+    if workers is not None and importlib.util.find_spec("bokeh") is None:
+        return "off (pip install bokeh for Dask's dashboard)"
+    return client.dashboard_link  # a scheduler's own: served where it has bokeh
+
+
+class Cluster:
+    """The client, and the futures it waits for."""
+
+    def __init__(self, client, threads: int):
+        self.client, self.threads = client, threads
+        self.device = None  # the workers' device type (checked alike on every worker)
+        self.size = 0
+        self.background = []  # futures nobody waits for yet (exports sent while tracking)
+
+    def check(self, device: str, store=None, paths=()) -> None:
+        """Every worker runs one task at a time, sees `store` (and holds no stale view of its
+        lock) and `paths`, and picks one device type for `device`; else refuse, naming the
+        first problem."""
+        from segpipe.dask.tasks import look_around
+        from segpipe.store.lock import token
+
+        lease = (str(Path(store).resolve()), token(store)) if store is not None else None
+        # what the client sees (what it does not is the stages' to report, as without Dask)
+        wanted = [
+            str(Path(p).resolve())
+            for p in paths
+            if p is not None and not str(p).startswith("hf:") and Path(p).exists()
+        ]
+        seen = self.client.run(look_around, wanted, lease, device)
+        for worker, (problem, _) in sorted(seen.items()):
+            if problem:
+                raise BadInput(f"Dask worker {worker}: {problem}")
+        devices = {kind for _, kind in seen.values()}
+        if len(devices) > 1:
+            raise BadInput(
+                f"the Dask workers run on different devices ({', '.join(sorted(devices))}): "
+                f"give --device, or use workers alike"
+            )
+        self.device, self.size = devices.pop(), len(seen)
+
+    def work(self, store, checkpoint: str | None, device: str, batch_size: int = 1):
+        """The settings every task on `store` carries (`tasks.Work`)."""
+        from segpipe.dask.tasks import Work
+        from segpipe.store.lock import token
+
+        return Work(token(store), absolute(checkpoint), device, batch_size, self.threads)
+
+    def submit(self, fn, *args, key: str):
+        import uuid
+
+        return self.client.submit(fn, *args, key=f"{key}-{uuid.uuid4().hex}", pure=False)
+
+    def wait(self, futures, poll=None, each=None) -> None:
+        """Until every future in `futures` (a collection `poll` may add to) is done, calling
+        `each(value)` as each one finishes and `poll()` every `POLL` seconds; a task's error
+        is raised here, and the rest of the work is cancelled. A signal stops the wait."""
+        from distributed import wait
+
+        reaped = set()
+        while True:
+            for future in [f for f in list(futures) + self.background if f.done()]:
+                if future.key not in reaped:
+                    reaped.add(future.key)
+                    value = self.result(future)
+                    if each is not None and future in futures:
+                        each(value)
+            self.background = [f for f in self.background if f.key not in reaped]
+            if poll is not None:
+                poll()
+            interrupt.check()
+            pending = [f for f in list(futures) if f.key not in reaped]
+            if not pending:
+                return
+            try:
+                wait(pending, timeout=POLL, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                pass
+
+    def result(self, future):
+        """The task's value, or its error: a segpipe error as itself (its one line), and
+        Dask's own failures as one line too."""
+        from distributed import KilledWorker
+        from distributed.client import FutureCancelledError
+
+        try:
+            return future.result()
+        except BaseException as e:
+            self.client.cancel(list(self.background))
+            if isinstance(e, KilledWorker):
+                raise SegpipeError(
+                    f"Dask workers died running {e.task} (each time it was "
+                    f"tried); see the workers' logs"
+                ) from None
+            if isinstance(e, FutureCancelledError):
+                raise SegpipeError(
+                    "the Dask scheduler dropped the work (it restarted, or lost "
+                    "its workers); run the same command again"
+                ) from None
+            raise
+
+    # -- the units of work, sent and watched --------------------------------------------
+
+    def encode(self, store, chunks: list[int], work: Work, quiet: bool) -> None:
+        """Encode `chunks`, one task each. Where the feature arrays do not exist yet, the first
+        chunk goes alone: its task makes them (their dtypes and layouts are the model's)."""
+        from segpipe.stages.encode import STAGE
+        from segpipe.store.features import LEVELS
+
+        refuse_on_dask(keep_setting(store), store.path)
+        plan = store.plan
+        store.ledger(STAGE).reserve(max(chunks) + 1)
+        size = {k: plan.bounds(k)[1] - plan.bounds(k)[0] for k in chunks}
+        path = str(store.path.resolve())
+        with log.progress(
+            "encode", plan.num_frames, quiet, initial=plan.num_frames - sum(size.values())
+        ) as bar:
+
+            def done(k):
+                bar.update(size[k])
+
+            first = chunks[:1] if store.array(LEVELS[0]) is None else []
+            for batch in (first, chunks[len(first) :]):
+                self.wait(
+                    [self.submit(encode_task, path, k, work, key=f"encode-{k}") for k in batch],
+                    each=done,
+                )
+
+    def track(self, store, pending: list[str], work: Work, on_commit, quiet: bool) -> None:
+        """Run the passes `pending` side by side, one task each (a pass is sequential inside, as
+        it must be to stay exact), after encoding the chunks they need that have no features.
+        The client watches the passes' ledgers: a chunk a pass commits moves the bar and goes
+        to `on_commit(direction, k)` (`run` exports it then)."""
+        from segpipe.stages.track.supply import ChunkSupply, pass_todo
+
+        refuse_on_dask(keep_setting(store), store.path)
+        settings = store.attrs["track"]
+        start = settings["start_frame"]
+        plan = store.plan
+        todo = pass_todo(store, plan, pending, start)
+        missing = ChunkSupply.missing(store, todo)
+        if missing:
+            log.info(
+                f"track: {len(missing)} chunks have no features yet: encoding them first", quiet
+            )
+            self.encode(store, missing, work, quiet)
+        for d in pending:
+            store.pass_ledger(d).reserve(max(pass_chunks(plan, d, start)) + 1)
+        frames = {
+            d: {k: pass_frame_count_in(d, start, *plan.bounds(k)) for k in todo[d]} for d in pending
+        }
+        seen = {d: set() for d in pending}
+        # the start's chunk, when both passes still have to write it: reverse waits (see above)
+        shared = set(todo.get("forward", ())) & set(todo.get("reverse", ()))
+        later = ["reverse"] if shared else []
+        path = str(store.path.resolve())
+
+        def send(d):
+            return self.submit(pass_task, path, d, work, key=f"track-{d}")
+
+        with log.progress("track", sum(sum(f.values()) for f in frames.values()), quiet) as bar:
+            futures = [send(d) for d in pending if d not in later]
+
+            def look():
+                for d in pending:
+                    done = store.pass_ledger(d).reread().done()
+                    for k in todo[d]:
+                        if k < len(done) and done[k] and k not in seen[d]:
+                            seen[d].add(k)
+                            bar.update(frames[d][k])
+                            if on_commit is not None:
+                                on_commit(d, k)
+                if later and shared <= seen["forward"]:
+                    futures.append(send(later.pop()))
+
+            self.wait(futures, poll=look)
+
+    def export(self, job, request: dict, k: int) -> None:
+        """Send chunk k of an export (`stages.export.Export`); it runs in the background (the
+        next `Cluster.wait` collects it)."""
+        self.background.append(self._send_export(job, request, k))
+
+    def export_rest(self, jobs: list, requests: list[dict], quiet: bool) -> None:
+        """Every chunk the exports still lack, one task each (their finish is the caller's)."""
+        self.wait(list(self.background))  # those sent while tracking: then the ledgers say
+        futures, frames = [], {}
+        for job, request in zip(jobs, requests):
+            if not job.complete:
+                for k in job.store.ledger(job.stage).reread().todo(job.chunks):
+                    futures.append(self._send_export(job, request, k))
+                    frames[job.stage, k] = job.frames_of(k)[1] - job.frames_of(k)[0]
+        if futures:
+            with log.progress("export", sum(frames.values()), quiet) as bar:
+                self.wait(futures, each=lambda done: bar.update(frames[done]))
+
+    def _send_export(self, job, request: dict, k: int):
+        job.store.ledger(job.stage).reserve(max(job.chunks) + 1)  # once: later calls find it so
+        work = self.work(job.store.path, None, "cpu")  # the lease; exports run no model
+        return self.submit(
+            export_task,
+            str(job.store.path.resolve()),
+            {**request, "out": str(job.out)},
+            k,
+            work,
+            key=f"export-{job.fmt}-{k}",
+        )
+
+    def videos(
+        self, layout, names: list[str], options, out, work_dir, total: int, quiet: bool
+    ) -> list:
+        """The dataset's videos side by side, one task each; results in the videos' order. Every
+        path goes out absolute: a worker's working directory is not the client's."""
+        from dataclasses import replace
+
+        from segpipe.vos.dataset import frame_count
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.check(options.device, paths=[out, work_dir])  # where the workers write
+        layout = replace(
+            layout,
+            base_video_dir=layout.base_video_dir.resolve(),
+            input_mask_dir=layout.input_mask_dir.resolve(),
+        )
+        options = replace(options, checkpoint=absolute(options.checkpoint))
+        with log.progress("dataset", total, quiet) as bar:
+            futures = [
+                self.submit(
+                    video_task,
+                    layout,
+                    v,
+                    options,
+                    out.resolve(),
+                    work_dir.resolve(),
+                    self.threads,
+                    key=f"video-{v}",
+                )
+                for v in names
+            ]
+
+            def done(result):
+                bar.update(frame_count(layout, result.video))
+                if result.failed:
+                    log.info(f"{result.video}: {result.status.removeprefix('failed: ')}", quiet)
+
+            self.wait(futures, each=done)
+        return [f.result() for f in futures]

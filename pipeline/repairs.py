@@ -1,0 +1,159 @@
+"""`segpipe repair`: find every done chunk that no longer reads back intact (a missing chunk
+file, or one failing its crc32c check), mark exactly those chunks not done, and let the
+stages recompute them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from segpipe import log
+from segpipe.errors import DamagedStore, SegpipeError
+from segpipe.plan import ChunkPlan, pass_chunks, passes, untracked_chunks
+from segpipe.store.layout import TRACK_ARRAYS
+from segpipe.store.ledger import pass_stage
+from segpipe.store.lock import holds_store_lock
+from segpipe.store.retention import DROPPABLE, dropped
+from segpipe.store.runstore import RunStore
+
+FRAME_ARRAYS = {
+    "frames": "decode",
+    "pts": "decode",
+    "timestamps": "decode",
+    "frame_digests": "decode",
+    "features/level0": "encode",
+    "features/level1": "encode",
+    "features/level2": "encode",
+}
+UNTRACKED = "untracked"  # chunks no pass reaches: rewritten as untracked, no ledger of their own
+
+
+@dataclass(frozen=True)
+class Damage:
+    array: str
+    chunk: int
+    reason: str
+
+
+def _check(store: RunStore, name: str, k: int, found: list[Damage]) -> bool:
+    """Whether pipeline chunk k of `name` reads back intact: every zarr chunk of it (`masks`
+    has one per object) read and verified one at a time, so a chunk of masks is never held
+    whole."""
+    arr = store.array(name)
+    step = arr.chunks[0]
+    lo, hi = k * step, min((k + 1) * step, arr.shape[0])
+    groups = [slice(a, b) for a, b in store.col_groups(name)] if arr.ndim > 1 else []
+    try:
+        for cols in groups or [None]:
+            store.read(name, lo, hi, cols=cols)
+        return True
+    except DamagedStore as e:
+        found.append(Damage(name, k, e.reason))
+        return False
+
+
+def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
+    """The damaged chunks, and per stage ledger the chunks to redo."""
+    found: list[Damage] = []
+    redo: dict[str, set[int]] = {}
+    done = {
+        stage: store.ledger(stage).done()
+        for stage in ("decode", "encode", "track_forward", "track_reverse")
+    }
+
+    def is_done(stage, k):  # one read of each ledger for the whole scan
+        return k < len(done[stage]) and done[stage][k]
+
+    gone = {what: dropped(store, what).done() for what in DROPPABLE}
+    kept = {name: what for what, names in DROPPABLE.items() for name in names}
+
+    def was_dropped(name, k):  # dropped on purpose (`--keep masks`): not damage
+        what = kept.get(name)
+        return what is not None and k < len(gone[what]) and gone[what][k]
+
+    for name, stage in FRAME_ARRAYS.items():
+        if store.array(name) is None:
+            continue
+        for k in range(len(done[stage])):
+            if is_done(stage, k) and not was_dropped(name, k) and not _check(store, name, k, found):
+                redo.setdefault(stage, set()).add(k)
+    track = store.attrs.get("track")
+    if track is None:
+        return found, redo
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    plan = ChunkPlan(T, C)
+    for d in passes(track["direction"]):
+        stage, chunks = pass_stage(d), pass_chunks(plan, d, track["start_frame"])
+        prefix = f"memory/{d}"
+        if any(
+            store.array(f"{prefix}/prompted_{n}") is not None
+            and not _check(store, f"{prefix}/prompted_{n}", 0, found)
+            for n in ("frame", "maskmem", "ptr", "score", "logits")
+        ):
+            redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
+        for k in chunks:
+            if not is_done(stage, k):
+                continue
+            names = [
+                *TRACK_ARRAYS,
+                *(
+                    f"{prefix}/recent_{n}"
+                    for n in ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
+                ),
+            ]
+            if not all([_check(store, name, k, found) for name in names]):
+                redo.setdefault(stage, set()).add(k)
+                if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
+                    for other in passes(track["direction"]):  # the chunk holds both passes' frames
+                        if is_done(pass_stage(other), k):
+                            redo.setdefault(pass_stage(other), set()).add(k)
+    for k in untracked_chunks(plan, track["direction"], track["start_frame"]):
+        if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
+            redo.setdefault(UNTRACKED, set()).add(k)
+    if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
+        raise SegpipeError(
+            f"store {store.path}: the stored mask prompts are damaged; track again "
+            f"with `segpipe track --store {store.path} --prompts FILE --force`"
+        )
+    return found, redo
+
+
+@holds_store_lock
+def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list[Damage]:
+    from segpipe.stages.decode import decode
+    from segpipe.stages.encode import encode
+    from segpipe.stages.track.stage import track, write_untracked
+
+    store = RunStore.open(store_path)
+    found, redo = scan(store)  # an unfinished decode too: decode then continues from the damage
+    if not found:
+        log.info(f"repair: no damage found in {store.path}", quiet)
+        return found
+    for d in found:
+        log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
+    for stage, chunks in redo.items():
+        for k in sorted(chunks) if stage != UNTRACKED else ():
+            store.ledger(stage).undo(k)
+    for d in found:  # gone before the redo: a chunk written only in part is read first
+        for path in store.chunk_files(d.array, d.chunk):  # (masks: every object's)
+            path.unlink(missing_ok=True)
+    if UNTRACKED in redo:
+        write_untracked(store, sorted(redo[UNTRACKED]))
+    if "decode" in redo:
+        decode(Path(store.attrs["source"]["path"]), store.path, quiet=quiet)
+    model = store.attrs.get("model")
+    if "encode" in redo:
+        encode(
+            store.path,
+            model["name"],
+            checkpoint,
+            model["weights"].get("random_seed"),
+            device,
+            embedding_dtype=model["embedding_dtype"],
+            quiet=quiet,
+        )  # the store's precision
+    if any(stage.startswith("track") for stage in redo):
+        track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
+    n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
+    log.result(f"repair: recomputed {n} chunk(s) of {', '.join(sorted(redo))}", quiet)
+    return found

@@ -1,0 +1,107 @@
+"""The pipelined run (`segpipe run`, `segpipe.run`): decode, then, with prompts, each chunk
+encoded just before a pass tracks it and exported as soon as its masks are final.
+
+The whole run holds the store's lock (Dask's workers write under it), and each stage it
+calls resumes where the store stopped, so a rerun after a crash redoes at most the chunks
+that were in flight.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from segpipe import prompts as prompt_file
+from segpipe.errors import BadInput
+from segpipe.sources.video import probe
+from segpipe.stages.decode import decode as decode_stage
+from segpipe.stages.encode import encode as encode_stage
+from segpipe.stages.export.as_tracked import ExportsAsTracked
+from segpipe.stages.export.stage import OUTPUT_NAMES
+from segpipe.stages.track.stage import track as track_stage
+from segpipe.store.layout import export_folder
+from segpipe.store.retention import drop, keep_setting, set_keep
+from segpipe.store.runstore import RunStore
+
+
+def run(
+    video,
+    store,
+    prompts,
+    *,
+    decoding: dict,
+    encoding: dict,
+    tracking: dict,
+    exports: list[str],
+    keep: str | None,
+    space,
+    cluster,
+    quiet: bool,
+) -> None:
+    """Every stage on `store`, with the keyword arguments each stage takes (`decoding`,
+    `encoding`, `tracking`); `space` is asked before each stage writes, `cluster` (or
+    None) runs the encoding, tracking and export chunks on Dask."""
+    decoded = decode_stage(
+        Path(video),
+        Path(store),
+        quiet=quiet,
+        space=space,
+        on_commit=_frames_dropper(keep) if prompts is not None else None,
+        **decoding,
+    )
+    set_keep(decoded, keep)
+    if prompts is not None:  # the frame range too, now that it is known, before encoding
+        video_attrs = decoded.attrs["video"]
+        prompt_file.load(
+            prompts, decoded.attrs["frame_count"], video_attrs["width"], video_attrs["height"]
+        )
+    encoding = dict(encoding, quiet=quiet, space=space)
+    if prompts is None:
+        encode_stage(store, **encoding, cluster=cluster)
+        return
+    # the model, checked and recorded (on Dask, every chunk encoded: the workers have
+    # nothing else to do yet)
+    encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
+    space.before_track(RunStore.open(store))
+    exporting = ExportsAsTracked(
+        store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f]) for f in exports], cluster
+    )
+    track_stage(
+        store,
+        prompts,
+        quiet=quiet,
+        on_commit=exporting.committed,
+        batch_size=encoding["batch_size"],
+        cluster=cluster,
+        **tracking,
+    )
+    exporting.finish(quiet)
+    if keep_setting(decoded) == "all" and cluster is None:  # the chunks no pass needed:
+        encode_stage(store, **encoding)  # re-prompting is then free
+
+
+def _frames_dropper(keep: str | None):
+    """decode's on_commit under `--keep masks`: its first pass only counts and times the
+    frames, so each chunk's frames go as soon as they are committed."""
+
+    def drop_frames(store, k):
+        if (keep or keep_setting(store)) == "masks":
+            drop(store, "frames", k)
+
+    return drop_frames
+
+
+def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> None:
+    """The prompts read and checked against the source before anything is written: points,
+    boxes and masks against the frame size, object ids against the exports (DAVIS PNGs hold
+    ids 1..255), frames against the frame count where it is certain before decoding (a frame
+    folder's; a video file's count is a container's claim, so `run` checks the frames again
+    once the video is decoded, before anything is encoded)."""
+    info = probe(Path(video), stream, fps)
+    known = info.claimed_frames if info.kind == "frames" else 1 << 62
+    loaded = prompt_file.load(prompts, known, info.width, info.height)
+    ids = prompt_file.object_ids(loaded)
+    if "davis" in exports and any(not 1 <= i <= 255 for i in ids):
+        raise BadInput(
+            f"davis PNGs hold object ids 1..255; the prompts have ids {ids}: "
+            f"renumber them, or leave davis out of --export"
+        )

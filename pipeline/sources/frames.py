@@ -1,0 +1,27 @@
+"""A decoded picture as SAM 2's model input, and the digest a store keeps of each."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def model_input(picture, size: int) -> np.ndarray:
+    """RGB, upright, resized to the model's square input with PIL's default filter, as SAM
+    2's frame loader does."""
+    return np.asarray(picture().resize((size, size)))
+
+
+DIGEST = 16  # bytes of a frame's digest
+
+
+def frame_digests(frames: np.ndarray) -> np.ndarray:
+    """(N, DIGEST) uint8: each model input's BLAKE2b digest. A chunk whose frames were
+    dropped (see `segpipe.store.retention`) is found again in the source by its pts and these."""
+    return np.stack(
+        [
+            np.frombuffer(hashlib.blake2b(f.tobytes(), digest_size=DIGEST).digest(), np.uint8)
+            for f in frames
+        ]
+    )

@@ -1,0 +1,61 @@
+"""The stored image features: the three levels' arrays, their stored dtypes and memory
+layouts, and the exact conversions between SAM 2's tensors and the stored arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from segpipe.store.runstore import RunStore
+
+
+def level_kind(store: RunStore, name: str) -> tuple[str, torch.dtype, str]:
+    """(stored dtype, dtype SAM 2 computed the level in, memory layout) of a feature level."""
+    attrs = store.array(name).attrs
+    return (
+        attrs["embedding_dtype"],
+        getattr(torch, attrs["torch_dtype"]),
+        attrs.get("memory_format", "contiguous"),
+    )
+
+
+LEVELS = ("features/level0", "features/level1", "features/level2")
+
+
+def storage_dtype(computed: torch.dtype, embedding_dtype: str, precision: str) -> str:
+    """How a level is stored. Under bfloat16 precision SAM 2 keeps one level (the vision
+    features, after the FPN's float32 top-down sum) in float32: `--embedding-dtype bfloat16`
+    keeps that level in float32, so the stored embeddings stay exactly what SAM 2 computed
+    (the bfloat16 levels lose nothing). Under float32 precision it rounds every level."""
+    if embedding_dtype == "bfloat16" and precision == "bfloat16" and computed == torch.float32:
+        return "float32"
+    return embedding_dtype
+
+
+def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
+    """Features as stored: bfloat16 as its raw bit pattern in uint16 (zarr has no bfloat16)."""
+    if dtype == "bfloat16":
+        return x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return x.to(getattr(torch, dtype)).numpy()
+
+
+def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
+    """Stored features back to a float32 tensor (exact for every stored dtype)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(torch.float32)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32)
+
+
+def memory_format(x: torch.Tensor) -> str:
+    """The layout `forward_image` gives a level; the tracker restores it, since kernels (and
+    so the last bits of the masks) depend on it."""
+    return (
+        "channels_last"
+        if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        else "contiguous"
+    )
+
+
+def restore_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    return x.contiguous(memory_format=fmt)

@@ -1,0 +1,64 @@
+"""What each stage owns in the store (the reset table: resetting a stage resets every
+later one), and where its outputs go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from segpipe.errors import StoreNotReady
+from segpipe.store.runstore import RunStore
+
+# What each stage owns in the store: resetting a stage resets every later one too.
+# (decode owns the whole store: starting it over means a new store.)
+# The tracking results, one chunk per pipeline chunk (written with the memory snapshots).
+TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+
+
+STAGE_OUTPUTS = {
+    "encode": {
+        "arrays": ["features"],
+        "ledgers": ["encode", "dropped_features"],
+        "attrs": ["model"],
+    },
+    "track": {
+        "arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
+        "ledgers": ["track_forward", "track_reverse"],
+        "attrs": ["track"],
+    },
+    "export": {
+        "arrays": [],
+        "ledgers": [
+            "export_davis",
+            "export_vis-json",
+            "export_overlay",
+            "export_frames",
+            "export_vos",
+        ],
+        "attrs": ["exports"],
+    },
+}
+
+
+def reset_from(store: RunStore, stage: str) -> None:
+    """Start `stage` and every later stage over. Crash-safe order: done-records go first,
+    then the data, then the settings that say what the data was made with."""
+    stages = list(STAGE_OUTPUTS)[list(STAGE_OUTPUTS).index(stage) :]
+    for s in stages:
+        for ledger in STAGE_OUTPUTS[s]["ledgers"]:
+            store.ledger(ledger).reset()
+    for s in stages:
+        for name in STAGE_OUTPUTS[s]["arrays"]:
+            store.delete(name)
+    store.drop_attrs(*(key for s in stages for key in STAGE_OUTPUTS[s]["attrs"]))
+
+
+def require_decoded(store: RunStore) -> int:
+    if "frame_count" not in store.attrs:
+        raise StoreNotReady(f"store {store.path} is not fully decoded yet (run `segpipe decode`)")
+    return store.attrs["frame_count"]
+
+
+def export_folder(store) -> Path:
+    """Where `run` exports: `<store name>.export/` beside the store."""
+    store = Path(store)
+    return store.with_name(store.name.removesuffix(".zarr") + ".export")

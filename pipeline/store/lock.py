@@ -1,0 +1,170 @@
+"""One writer per store: an advisory lock file beside the store, `.<store name>.lock`.
+
+The lock is an `flock` held for the life of the process, so the kernel drops it when the
+holder dies (kill -9, OOM, power loss): a lock file left behind is stale and is taken over.
+The file records who holds it (pid, host, start time) for the refusal message. It lives
+beside the store, not in it, so it can be taken before a new store is created. The path is
+resolved first, so a symlink or a relative path to the store finds the same lock.
+
+Every stage takes the lock itself (`holds_store_lock`), so work started from Python is
+guarded like work started from the CLI. The lock is re-entrant for the thread that holds it
+(`run` holds it across the stages it calls); another thread of the same process is refused
+like another process.
+
+Work dispatched to Dask workers (`segpipe.dask.client`) writes under the lock its client holds:
+the lock file also records a random token, the task carries it, and the worker checks
+(`check_lease`) that the lock is still held and still names that token when the task starts
+and before every write to the store (`runstore.LeasedFiles`, inside zarr's store). A worker
+that sees no such lock file does not share the client's file system; a task of a client
+that has died or been replaced writes nothing more, beyond a write already under way when
+the lock changed hands (a check and the write after it are not one step).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import inspect
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from segpipe.errors import StoreLocked
+
+_held: dict[Path, list] = {}  # lock path -> [fd, depth, owning thread, token], for this process
+_guard = threading.Lock()
+
+
+def lock_path(store: Path) -> Path:
+    store = Path(store).resolve()
+    return store.with_name(f".{store.name}.lock")
+
+
+@contextmanager
+def store_lock(store: Path):
+    path = lock_path(store)
+    with _guard:
+        if path in _held:
+            if _held[path][2] != threading.get_ident():
+                raise StoreLocked(
+                    f"store {store} is in use by another thread of this process "
+                    f"(pid {os.getpid()}); one writer per store"
+                )
+            _held[path][1] += 1
+        else:
+            token = uuid.uuid4().hex
+            _held[path] = [_acquire(path, store, token), 1, threading.get_ident(), token]
+    try:
+        yield
+    finally:
+        with _guard:
+            _held[path][1] -= 1
+            if _held[path][1] == 0:
+                os.close(_held.pop(path)[0])  # releases the flock
+
+
+def _acquire(path: Path, store: Path, token: str) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise StoreLocked(
+            f"store {store} is in use by {holder}; wait for it to finish (one writer per store)"
+        ) from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "token": token,
+    }
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    except BaseException:  # a full disk, say: never keep a lock nobody will release
+        os.close(fd)
+        raise
+    return fd
+
+
+def token(store: Path) -> str:
+    """The token of the lock this process holds on `store` (see `check_lease`)."""
+    with _guard:
+        return _held[lock_path(store)][3]
+
+
+def check_lease(store: Path, token: str) -> None:
+    """Raise `StoreLocked` unless `store`'s lock is held (by another process: the client)
+    and names `token`."""
+    path = lock_path(store)
+    if not path.exists():
+        raise StoreLocked(
+            f"store {store} is not visible here (no {path.name} beside it): "
+            f"Dask workers need the client's file system, shared"
+        )
+    holder = _probe(path)
+    if holder is None or holder.get("token") != token:
+        raise StoreLocked(
+            f"store {store} is no longer locked by the run that sent this work "
+            f"(it stopped, or another run took over); this task writes nothing"
+        )
+
+
+def holder(store: Path) -> dict | None:
+    """Who holds `store`'s lock now (pid, host, started), None when no live process does:
+    the kernel drops a dead holder's flock, whatever its lock file says."""
+    path = lock_path(store)
+    return _probe(path) if path.exists() else None
+
+
+def _probe(path: Path) -> dict | None:
+    """The lock file's record while its lock is held, else None. Tried with a shared
+    flock: it is refused exactly while the lock is held, and released at once when not."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return _info(fd)
+    finally:
+        os.close(fd)
+
+
+def holds_store_lock(fn):
+    """Run a stage function under the lock of the store named by its `store_path` argument."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        store = signature.bind(*args, **kwargs).arguments["store_path"]
+        with store_lock(store):
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+def _info(fd: int) -> dict:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder(fd: int) -> str:
+    info = _info(fd)
+    try:
+        return f"pid {info['pid']} on {info['host']} (started {info['started']})"
+    except KeyError:
+        return "another segpipe process"

@@ -1,0 +1,82 @@
+"""The store's source video: read from any frame on, picked up where the stored frames end
+and checked against them, and found unchanged before it is read again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from segpipe.errors import BadInput
+from segpipe.sources.frames import frame_digests, model_input
+from segpipe.sources.identity import same_file
+from segpipe.sources.video import iter_frames
+from segpipe.store.retention import has
+from segpipe.store.runstore import RunStore
+
+
+def source_from(store: RunStore, video: Path, start: int):
+    """The store's source from frame `start` on, picked up where the stored frames end: by
+    the stored pts of frame start-1, a seek proven by that frame's model input being the
+    stored one (pts can repeat), else by counting (also where the stored pts go back)."""
+    attrs = store.attrs["video"]
+    before = check = None
+    if start > 0:
+        pts = store.read("pts", max(0, start - 2), start)
+        if len(pts) < 2 or pts[0] < pts[1]:
+            before = int(pts[-1])
+            S = store.attrs["image_size"]
+            if has(store, "frames", (start - 1) // store.attrs["chunk_size"]):
+                stored = store.read("frames", start - 1, start)[0]
+                check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
+            else:  # the frames were dropped: their digests stay
+                digest = store.read("frame_digests", start - 1, start)[0]
+                check = lambda picture: np.array_equal(  # noqa: E731
+                    frame_digests(model_input(picture, S)[None])[0], digest
+                )
+    frames = iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
+    if attrs.get("kind") == "frames":  # a folder's frame t is at t / fps, the store's setting
+        return ((t, t / attrs["fps"], picture) for t, _, picture in frames)
+    return frames
+
+
+def stored_source(store: RunStore) -> Path:
+    """The video the store was made from, which must still be there, unchanged: decoding
+    dropped or damaged chunks again reads it."""
+    source = Path(store.attrs["source"]["path"])
+    if not source.exists():
+        raise BadInput(
+            f"the source video {source} is gone: chunks whose frames are not in "
+            f"the store cannot be decoded again"
+        )
+    if not same_file(store.attrs["source"], source):
+        raise BadInput(
+            f"the source video {source} changed since it was decoded: chunks "
+            f"whose frames are not in the store cannot be decoded again"
+        )
+    return source
+
+
+class SourceReader:
+    """The store's source, a range of frames at a time: a range that starts where the last
+    one ended reads on from the open decoder (the source is decoded once, however long the
+    video), any other is picked up again by `source_from`. The one way the stages read a
+    source again (decode's redecoding, the overlay export)."""
+
+    def __init__(self, store: RunStore, video: Path):
+        self.store, self.video = store, Path(video)
+        self._frames, self._next = None, None
+
+    def frames(self, lo: int, n: int):
+        """(pts, seconds, picture) of frames lo..lo+n-1; `BadInput` if the source ends
+        before them."""
+        if self._next != lo:
+            self._frames = source_from(self.store, self.video, lo)
+        self._next = None  # until this range is read whole
+        for t in range(lo, lo + n):
+            frame = next(self._frames, None)
+            if frame is None:
+                raise BadInput(f"the source video {self.video} ends before frame {t}")
+            if t == lo + n - 1:
+                self._next = lo + n  # the decoder stands at the next range
+            yield frame

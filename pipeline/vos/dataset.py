@@ -1,0 +1,221 @@
+"""Dataset mode: SAM 2's `tools/vos_inference.py` over a VOS dataset, chunked and resumable.
+
+Each video gets its own store under the work folder and goes through decode, encode and a
+forward track, with the tool's settings (postprocessing off unless asked, non-overlapping
+masks unless per-object PNGs, the score threshold) and its prompts (`segpipe.vos`). Output
+PNGs are written chunk by chunk as the forward pass commits each chunk, atomically, so they
+appear while the run goes on and a crash loses at most the chunk in flight. A rerun skips
+finished videos and resumes the others where they stopped. A video that fails for a reason
+of its own (an unreadable frame, a missing first mask) is reported and the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from segpipe import log
+from segpipe.errors import BadInput, SegpipeError
+from segpipe.model import DEFAULT_MODEL
+from segpipe.stages.export.writers import make_folder
+from segpipe.vos.inputs import Layout, read_inputs, video_names
+
+
+@dataclass
+class Options:
+    """The tool's options (same names and defaults) and segpipe's own."""
+
+    score_thresh: float = 0.0
+    use_all_masks: bool = False
+    per_obj_png_file: bool = False
+    apply_postprocessing: bool = False
+    track_object_appearing_later_in_video: bool = False
+    model: str = DEFAULT_MODEL
+    checkpoint: str | None = None
+    random_weights: int | None = None
+    image_size: int | None = None
+    chunk_size: int | None = None
+    device: str = "auto"
+    batch_size: int = 1
+    embedding_dtype: str = "float32"
+    precision: str | None = None
+
+
+@dataclass
+class VideoResult:
+    video: str
+    frames: int | None = None
+    objects: int | None = None
+    seconds: float = 0.0
+    status: str = "done"  # "done", "already done", or "failed: <reason>"
+
+    @property
+    def failed(self) -> bool:
+        return self.status.startswith("failed")
+
+
+def run_dataset(
+    base_video_dir,
+    input_mask_dir,
+    output_mask_dir,
+    work_dir,
+    video_list_file=None,
+    options: Options = Options(),
+    quiet: bool = False,
+    cluster=None,
+) -> list[VideoResult]:
+    """Every video, one after the other; with `cluster` (`segpipe.dask.client`), side by side on
+    Dask workers, one task per video (`segpipe.dask.tasks`)."""
+    layout = Layout(Path(base_video_dir), Path(input_mask_dir), options.per_obj_png_file)
+    names = video_names(
+        layout.base_video_dir, None if video_list_file is None else Path(video_list_file)
+    )
+    if not names:
+        raise BadInput(f"no videos in {layout.base_video_dir}")
+    output_mask_dir, work_dir = Path(output_mask_dir), Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(frame_count(layout, v) for v in names)
+    if cluster is not None:
+        return cluster.videos(layout, names, options, output_mask_dir, work_dir, total, quiet)
+    runner = VideoRunner(options, output_mask_dir, work_dir, quiet)
+    results = []
+    with log.progress("dataset", total, quiet) as bar:
+        for n, video in enumerate(names):
+            bar.set_description(f"dataset: video {n + 1}/{len(names)}")
+            results.append(run_video(runner, layout, video))
+            bar.update(frame_count(layout, video))
+    return results
+
+
+def run_video(runner: "VideoRunner", layout: Layout, video: str) -> VideoResult:
+    """One video; a failure of its own (`SegpipeError`) is its result, and the others go on."""
+    began = time.perf_counter()
+    result = VideoResult(video)
+    try:
+        result = runner.run(layout, video)
+    except SegpipeError as e:
+        result.status = f"failed: {e.message}"
+        log.info(f"{video}: {e.message}", runner.quiet)
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+class VideoRunner:
+    """The stages for one video after another; the model is built once, when first needed."""
+
+    def __init__(
+        self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool, models=None
+    ):
+        from segpipe.model import Models
+
+        self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
+        self.models = Models() if models is None else models
+
+    def model(self, image_size: int, device: str):
+        """One predictor per image size (stores made earlier may have another)."""
+        from segpipe.model import resolve_weights
+
+        o = self.options
+        return self.models.get(
+            o.model,
+            image_size,
+            resolve_weights(o.model, o.checkpoint, o.random_weights),
+            device,
+            postprocessing=o.apply_postprocessing,
+            non_overlap=not o.per_obj_png_file,
+        )
+
+    def run(self, layout: Layout, video: str) -> VideoResult:
+        from segpipe.model import pick_device
+        from segpipe.stages.decode import decode
+        from segpipe.stages.encode import encode
+        from segpipe.stages.track.stage import track
+        from segpipe.store.lock import store_lock
+
+        o = self.options
+        inputs = read_inputs(
+            layout, video, o.use_all_masks, o.track_object_appearing_later_in_video
+        )
+        store = self.work / f"{video}.zarr"
+        out = self.out / video
+        result = VideoResult(video, len(inputs.frame_names), len(inputs.object_ids))
+        if not inputs.prompts:  # per-object PNGs, objects appearing later, and none ever does
+            make_folder(out)  # all the tool writes then
+            return result
+        with store_lock(store), log.results_hidden():  # one writer; the table is the result
+            decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
+            predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
+            encode(
+                store,
+                o.model,
+                o.checkpoint,
+                o.random_weights,
+                o.device,
+                o.batch_size,
+                o.embedding_dtype,
+                quiet=self.quiet,
+                predictor=predictor,
+                precision=o.precision,
+            )
+            from segpipe.stages.export.as_tracked import ExportsAsTracked
+            from segpipe.stages.export.writers import davis_palette
+
+            exporting = ExportsAsTracked(
+                store,
+                [
+                    dict(
+                        fmt="davis",
+                        out=out,
+                        frames=f"{inputs.first_output}:",
+                        name="vos",
+                        palette=inputs.palette or davis_palette(),
+                        per_object=o.per_obj_png_file,
+                    )
+                ],
+            )
+            track(
+                store,
+                inputs.prompts,
+                "forward",
+                o.device,
+                o.checkpoint,
+                self.quiet,
+                predictor,
+                postprocessing=o.apply_postprocessing,
+                non_overlap=not o.per_obj_png_file,
+                score_threshold=o.score_thresh,
+                object_start="own" if o.track_object_appearing_later_in_video else "earliest",
+                on_commit=exporting.committed,
+            )
+            exporting.finish(self.quiet)
+        if not exporting.worked:
+            result.status = "already done"
+        return result
+
+
+def frame_count(layout: Layout, video: str) -> int:
+    from segpipe.sources.folder import frame_files
+
+    try:
+        return len(frame_files(layout.base_video_dir / video))
+    except (SegpipeError, OSError):
+        return 0
+
+
+def table(results: list[VideoResult]) -> str:
+    rows = [("video", "frames", "objects", "seconds", "status")]
+    rows += [
+        (
+            r.video,
+            "-" if r.frames is None else str(r.frames),
+            "-" if r.objects is None else str(r.objects),
+            f"{r.seconds:.1f}",
+            r.status,
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows
+    )

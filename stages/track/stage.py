@@ -1,0 +1,308 @@
+"""Track stage: SAM 2 video tracking chunk by chunk, from stored embeddings.
+
+Semantics are exactly `SAM2VideoPredictor` with all prompts added up front: the forward pass
+runs from the earliest prompted frame to the last frame, the reverse pass from it back to
+frame 0, each from a fresh state; masks are its outputs' logits above the score threshold.
+With `object_start="own"` each object is tracked forward from its own first prompt, alone,
+as SAM 2's vos_inference tracks objects that appear later in a video. SAM 2's own methods do the work (`add_new_points_or_box`,
+`add_new_mask`, `propagate_in_video_preflight`, `_run_single_frame_inference`,
+`_get_orig_video_res_output`); segpipe supplies the stored features through the predictor's
+feature cache and carries `TrackerMemory` across chunks, so masks are bit-identical to the
+predictor tracking the whole video in memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import numpy as np
+
+from segpipe import log
+from segpipe import prompts as prompt_file
+from segpipe.errors import BadInput, StoreNotReady
+from segpipe.model import (
+    autocast,
+    build_model,
+    check_model,
+    for_workers,
+    made_by_shipped_weights,
+    model_spec,
+    pick_device,
+    resolve_weights,
+    tracking_options,
+)
+from segpipe.plan import ChunkPlan, pass_chunks, passes, untracked_chunks
+from segpipe.stages.track.supply import ChunkSupply, pass_todo, say_cost
+from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
+from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
+from segpipe.store.lock import holds_store_lock
+from segpipe.store.masks import mask_chunks, write_fill
+from segpipe.store.retention import on_disk, sweep
+from segpipe.store.runstore import RunStore
+from segpipe.store.source import stored_source
+from segpipe.store.tracking import pick_options, stored_prompts, stored_settings
+
+DIRECTIONS = ("both", "forward", "reverse")
+
+
+def tracking_settings(prompts: list, direction: str, options: dict) -> dict:
+    """What the store records of a tracking (`track` attribute): changing any of it tracks
+    anew."""
+    entries, _ = prompt_file.to_record(prompts)
+    return {
+        "prompts_sha256": prompt_file.digest(prompts),
+        "direction": direction,
+        "object_ids": prompt_file.object_ids(prompts),
+        "start_frame": min(p.frame for p in prompts),
+        "prompts": entries,
+        "options": options,
+    }
+
+
+def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: bool) -> None:
+    """With `again` (the settings changed, or `force`), discard the old tracking and make
+    the arrays. The new settings are recorded last (see `reset_from`)."""
+    if not again:
+        return
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    _, masks = prompt_file.to_record(prompts)
+    if store.attrs.get("track") is not None:
+        log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
+    reset_from(store, "track")
+    O = len(settings["object_ids"])
+    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
+    # one zarr chunk per object and band of rows: one in RAM is small, whatever the objects
+    store.create_array(
+        "masks",
+        (T, O, H, W),
+        mask_chunks(C, H, W),
+        "bool",
+        fill_value=False,
+        attributes={"object_ids": settings["object_ids"]},
+    )
+    store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
+    store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
+    if len(masks):
+        store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[
+            ...
+        ] = masks
+        store.commit_array("prompt_masks")
+    write_untracked(
+        store, untracked_chunks(ChunkPlan(T, C), settings["direction"], settings["start_frame"])
+    )
+    store.set_attrs(track=settings)
+
+
+def write_untracked(store: RunStore, chunks) -> None:
+    """Write the chunks no pass reaches as untracked (no masks, NaN scores): every chunk of
+    the results then exists, and reads back as untracked rather than missing. They need no
+    ledger: they are written before the tracking settings are recorded (`prepare`)."""
+    plan = store.plan
+    scores, tracked = store.array("object_scores"), store.array("tracked")
+    for k in chunks:
+        lo, hi = plan.bounds(k)
+        write_fill(store, lo, hi)  # one zarr chunk (object) at a time
+        scores[lo:hi] = np.nan
+        tracked[lo:hi] = False
+        store.sync_chunk(TRACK_ARRAYS, k)
+
+
+@holds_store_lock
+def track(
+    store_path,
+    prompts=None,
+    direction: str | None = None,
+    device: str = "auto",
+    checkpoint: str | None = None,
+    quiet: bool = False,
+    predictor=None,
+    force: bool = False,
+    postprocessing: bool | None = None,
+    non_overlap: bool | None = None,
+    score_threshold: float | None = None,
+    object_start: str | None = None,
+    on_commit=None,
+    batch_size: int = 1,
+    cluster=None,
+) -> RunStore:
+    """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
+    prompts stored by the last track, resuming or repairing whatever is not done.
+
+    Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
+    called after each chunk a pass commits (`run` and the dataset command export it then).
+    Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
+    encoded as the passes reach them, in `batch_size` frames (see `supply`). With `cluster`
+    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`)."""
+    store = RunStore.open(store_path)
+    direction, plan, spec, prompts = _track_inputs(store, prompts, direction)
+    weights, seed = _embeddings_weights(store, spec, checkpoint)
+    options = pick_options(
+        store,
+        direction,
+        postprocessing=postprocessing,
+        non_overlap=non_overlap,
+        score_threshold=score_threshold,
+        object_start=object_start,
+    )
+    if seed is not None:
+        log.warn("random weights: masks from them mean nothing")
+    _check_predictor(predictor, options)
+    settings = tracking_settings(prompts, direction, options)
+    again = force or stored_settings(store) != settings  # then every chunk is tracked anew
+    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet)
+    if not pending:
+        sweep(store)
+        log.info("track: already complete", quiet)
+        return store
+    if cluster is not None:
+        work = cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size)
+        cluster.track(store, pending, work, on_commit, quiet)
+    else:
+        if predictor is None:
+            predictor = _build_predictor(spec, weights, device, options)
+        run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet)
+    sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
+    _say_tracked(store, prompts, quiet)
+    return store
+
+
+def _track_inputs(store: RunStore, prompts, direction: str | None):
+    """(direction, chunk plan, model spec, prompts) of a tracking of the store, checked."""
+    T = require_decoded(store)
+    direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
+    if direction not in DIRECTIONS:
+        raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
+    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    spec = store.attrs.get("model")
+    if spec is None:
+        raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
+    video = store.attrs["video"]
+    prompts = (
+        stored_prompts(store)
+        if prompts is None
+        else prompt_file.load(prompts, T, video["width"], video["height"])
+    )
+    return direction, plan, spec, prompts
+
+
+def _build_predictor(spec: dict, weights, device: str, options: dict):
+    """The predictor of the store's model (`spec`), built with the tracking's `options`."""
+    return build_model(
+        spec["name"],
+        spec["image_size"],
+        weights,
+        pick_device(device),
+        postprocessing=options["postprocessing"],
+        non_overlap=options["non_overlap"],
+    )
+
+
+def _embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
+    """(weights, random seed) of the model the store's embeddings were made with, checked."""
+    seed = spec["weights"].get("random_seed")
+    if seed is None and checkpoint is None and not made_by_shipped_weights(spec):
+        raise BadInput("the embeddings were made from a checkpoint: pass the same --checkpoint")
+    weights = resolve_weights(spec["name"], checkpoint, seed)
+    precision = spec["precision"]
+    check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"], precision))
+    return weights, seed
+
+
+def _check_predictor(predictor, options: dict) -> None:
+    """Refuse a predictor given that was built with other tracking options than `options`."""
+    if predictor is not None:
+        made = tracking_options(predictor)
+        wanted = {k: options[k] for k in made}
+        if made != wanted:
+            raise BadInput(
+                f"the predictor given was built with {made}, the tracking asks for {wanted}"
+            )
+
+
+def _prepare_passes(
+    store: RunStore,
+    plan: ChunkPlan,
+    prompts: list,
+    settings: dict,
+    direction: str,
+    again: bool,
+    quiet: bool,
+) -> list[str]:
+    """Check the source is there if needed, `prepare` the tracking; the passes left to run."""
+    start = min(p.frame for p in prompts)
+    needed = {
+        d: pass_chunks(plan, d, start)
+        if again
+        else store.pass_ledger(d).todo(pass_chunks(plan, d, start))
+        for d in passes(direction)
+    }
+    if not set(ChunkSupply.missing(store, needed)) <= on_disk(store, "frames"):
+        stored_source(store)  # before anything changes: the source must be there
+    prepare(store, prompts, settings, again, quiet)
+    return [
+        d
+        for d in passes(direction)
+        if store.pass_ledger(d).count() < len(pass_chunks(plan, d, start))
+    ]
+
+
+def _say_tracked(store: RunStore, prompts: list, quiet: bool) -> None:
+    """Say the tracking is done (and that hole filling was skipped, without sam2's _C)."""
+    if importlib.util.find_spec("sam2._C") is None:
+        log.info(
+            "note: sam2 has no _C extension here, so small-hole filling was skipped "
+            "(as SAM 2's own predictor does)",
+            quiet,
+        )
+    log.result(
+        f"track: masks for {len(prompt_file.object_ids(prompts))} objects in {store.path}", quiet
+    )
+
+
+def run_passes(
+    store: RunStore,
+    predictor,
+    prompts: list,
+    pending: list[str],
+    on_commit=None,
+    batch_size: int = 1,
+    quiet: bool = False,
+) -> None:
+    """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
+    one after the other: in this process, or one pass per Dask task."""
+    settings = stored_settings(store)
+    direction, start = settings["direction"], settings["start_frame"]
+    plan = store.plan
+    precision = store.attrs["model"]["precision"]
+    todo = pass_todo(store, plan, pending, start)
+    say_cost(store, plan, ChunkSupply.missing(store, todo), quiet)
+    starts = {d: bool(todo[d]) and todo[d][0] == pass_chunks(plan, d, start)[0] for d in todo}
+    supply = ChunkSupply(
+        store,
+        predictor,
+        todo,
+        starts,
+        sorted({plan.chunk_of(p.frame) for p in prompts}),
+        batch_size,
+    )
+    supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
+    vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
+    features = StoredFeatures(store, predictor.device, vision_pos)
+    for d in pending:
+        tracker = Tracker(
+            predictor,
+            store,
+            plan,
+            d,
+            prompts,
+            features,
+            maskmem_pos,
+            supply,
+            settings["options"],
+            on_commit,
+        )
+        # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
+        with autocast(predictor.device.type, precision), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
+            tracker.run(shown_by(direction, d, start), quiet)

@@ -1,0 +1,98 @@
+"""Features for the tracker, made when a pass reaches them.
+
+A chunk whose features are not on disk (never encoded yet: `run` encodes just before the
+tracker needs a chunk; or dropped: `--keep masks`) is encoded just before a pass tracks it,
+its frames decoded again from the source first where they were dropped. Under `--keep
+masks` a chunk's frames go once it is encoded, and its features once no pass still to run
+needs them (see `segpipe.store.retention`).
+"""
+
+from __future__ import annotations
+
+from segpipe import log
+from segpipe.plan import ChunkPlan, pass_chunks
+from segpipe.stages.encode import FramesOnDisk, encode_chunk
+from segpipe.store.retention import drop, has, keep_setting, on_disk
+from segpipe.store.runstore import RunStore
+
+
+class ChunkSupply:
+    def __init__(
+        self,
+        store: RunStore,
+        predictor,
+        todo: dict[str, list[int]],
+        starts: dict[str, bool],
+        prompt_chunks: list[int],
+        batch_size: int = 1,
+    ):
+        """`todo`: per pass still to run, the chunks it will track; `starts`: per pass,
+        whether it starts from the prompts (then it reads the features of `prompt_chunks`,
+        the chunks of the prompted frames) rather than from a stored memory snapshot."""
+        self.store, self.predictor, self.batch_size = store, predictor, batch_size
+        self.keep = keep_setting(store)
+        self.remaining = {d: set(chunks) for d, chunks in todo.items()}
+        self.prompt_chunks = sorted(prompt_chunks)
+        self.prompts = {d: set(prompt_chunks) if starts[d] else set() for d in todo}
+        self.frames_of = FramesOnDisk(store)
+
+    @staticmethod
+    def missing(store: RunStore, todo: dict[str, list[int]]) -> list[int]:
+        """The chunks of `todo` whose features are not on disk."""
+        here = on_disk(store, "features")
+        return sorted({k for chunks in todo.values() for k in chunks if k not in here})
+
+    def ensure(self, k: int) -> None:
+        """Chunk k's features on disk (encoded now if they are not)."""
+        if not has(self.store, "features", k):  # (its frames dropped then, under keep masks)
+            encode_chunk(self.store, self.predictor, k, self.frames_of, self.batch_size)
+
+    def has(self, k: int) -> bool:
+        return has(self.store, "features", k)
+
+    def prompted(self, direction: str) -> None:
+        """Pass `direction` has applied the prompts (read their frames' features)."""
+        chunks, self.prompts[direction] = self.prompts[direction], set()
+        for k in chunks:
+            self._drop_unneeded(k)
+
+    def finished(self, direction: str) -> None:
+        """Pass `direction` has tracked all it had to."""
+        left = self.remaining[direction] | self.prompts[direction]
+        self.remaining[direction], self.prompts[direction] = set(), set()
+        for k in left:
+            self._drop_unneeded(k)
+
+    def release(self, direction: str, k: int) -> None:
+        """Pass `direction` has committed chunk k."""
+        self.remaining[direction].discard(k)
+        self._drop_unneeded(k)
+
+    def _drop_unneeded(self, k: int) -> None:
+        needed = any(k in r for r in self.remaining.values()) or any(
+            k in p for p in self.prompts.values()
+        )
+        if self.keep == "masks" and not needed and has(self.store, "features", k):
+            drop(self.store, "features", k)
+
+
+def pass_todo(store: RunStore, plan: ChunkPlan, pending: list[str], start: int) -> dict:
+    return {d: store.pass_ledger(d).todo(pass_chunks(plan, d, start)) for d in pending}
+
+
+def say_cost(store: RunStore, plan: ChunkPlan, chunks: list[int], quiet: bool) -> None:
+    if not chunks:
+        return
+    frames = sum(hi - lo for lo, hi in map(plan.bounds, chunks))
+    decoded = on_disk(store, "frames")
+    redecode = [k for k in chunks if k not in decoded]
+    again = (
+        f", {len(redecode)} of them decoded again from {store.attrs['source']['path']}"
+        if redecode
+        else ""
+    )
+    log.info(
+        f"track: {len(chunks)} chunks ({frames} frames) have no features on disk: "
+        f"encoding them as the passes reach them{again}",
+        quiet,
+    )

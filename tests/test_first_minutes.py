@@ -1,0 +1,448 @@
+"""A new user's first minutes with the command line: what it says, in what order, and
+where it says it."""
+
+import re
+from pathlib import Path
+
+from conftest import assert_user_error, segpipe
+
+
+def test_version():
+    proc = segpipe("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "segpipe, version 0.1.0"
+
+
+def test_commands_are_listed_in_pipeline_order():
+    proc = segpipe("--help")
+    listed = [
+        line.split()[0]
+        for line in proc.stdout.split("Commands:")[1].splitlines()
+        if line.startswith("  ")
+    ]
+    assert listed[:5] == ["decode", "encode", "track", "export", "run"], listed
+
+
+def test_run_without_prompts_says_what_it_did_and_what_to_run_next(small, tmp_path):
+    store = tmp_path / "s.zarr"
+    proc = segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
+    assert proc.returncode == 0, proc.stderr
+    hint = [line for line in proc.stderr.splitlines() if line.startswith("run: no --prompts")]
+    assert len(hint) == 1, proc.stderr
+    assert "not tracked" in hint[0] and f"segpipe track --store {store}" in hint[0]
+    quiet = segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+        "--quiet",
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert "run: no --prompts" not in quiet.stderr  # warnings stay, notes go
+
+
+def decoded_frame(video, n):
+    import av
+    import numpy as np
+
+    with av.open(str(video)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            if i == n:
+                return np.asarray(frame.to_image())
+
+
+def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, tmp_path):
+    """`segpipe frame` writes frame N as a PNG at the video's own size: without a grid, the
+    decoded frame itself; with one, the same size, and the line on stdout says so. From a
+    store it is the store's source; with the source gone, the stored model input scaled
+    back (and it says so). Bad frames are one line."""
+    import numpy as np
+    from PIL import Image
+
+    video = small / "clip.mp4"
+    plain = tmp_path / "plain.png"
+    proc = segpipe("frame", video, "--at", 13, "--out", plain, "--grid", 0)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{plain}: frame 13 of {video}, 96x72"), proc.stdout
+    want = decoded_frame(video, 13)
+    assert np.array_equal(np.asarray(Image.open(plain)), want)
+    gridded = tmp_path / "grid.png"
+    proc = segpipe("frame", video, "--at", 13, "--out", gridded, "--grid", 20)
+    assert proc.returncode == 0 and "grid every 20 px" in proc.stdout, proc.stderr
+    grid = np.asarray(Image.open(gridded))
+    assert grid.shape == want.shape and not np.array_equal(grid, want)
+    assert np.array_equal(grid[30:38, 50:58], want[30:38, 50:58])  # between the lines
+
+    store = tmp_path / "s.zarr"
+    assert (
+        segpipe(
+            "decode", video, "--store", store, "--chunk-size", 4, "--image-size", 128, "--quiet"
+        ).returncode
+        == 0
+    )
+    from_store = tmp_path / "from_store.png"
+    proc = segpipe("frame", store, "--at", 13, "--out", from_store, "--grid", 0)
+    assert proc.returncode == 0, proc.stderr
+    assert np.array_equal(np.asarray(Image.open(from_store)), want)
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    import shutil
+
+    source = tmp_path / "clip.mp4"
+    shutil.copy(video, source)
+    store2 = tmp_path / "s2.zarr"
+    assert (
+        segpipe(
+            "decode", source, "--store", store2, "--chunk-size", 4, "--image-size", 128, "--quiet"
+        ).returncode
+        == 0
+    )
+    source.rename(moved / "clip.mp4")
+    scaled = tmp_path / "scaled.png"
+    proc = segpipe("frame", store2, "--at", 13, "--out", scaled, "--grid", 0)
+    assert proc.returncode == 0 and "scaled back" in proc.stdout, proc.stderr
+    assert np.asarray(Image.open(scaled)).shape == want.shape
+
+    for args, words in (
+        ((video, "--at", 24), ("fewer than 25 frames",)),
+        ((store, "--at", 24), ("out of range", "0..23")),
+        ((tmp_path / "nothing.mp4", "--at", 0), ("no video",)),
+        ((video, "--at", 1, "--out", tmp_path), ("is a folder",)),
+    ):
+        assert_user_error(segpipe("frame", *args), *words)
+
+
+def write_prompts(path, entries):
+    import json
+
+    path.write_text(json.dumps({"prompts": entries}))
+    return path
+
+
+def test_prompts_are_checked_before_any_work(small, tmp_path):
+    """What is certainly wrong is refused in one line before anything is written (no store,
+    no lock file): a point outside the frame, an object id DAVIS PNGs cannot hold with the
+    default exports, a frame past a frame folder's end. A frame past the end of a video file
+    (whose container only claims a count) is refused once decoded, before any encoding; it
+    used to be a traceback from the storage estimate."""
+    video = small / "clip.mp4"
+    point = {"object": 1, "frame": 2, "points": [[10, 10]], "labels": [1]}
+    cases = {
+        "outside": ({**point, "points": [[500, 10]]}, ("outside the 96x72 frame",)),
+        "id0": ({**point, "object": 0}, ("davis", "1..255", "[0]")),
+    }
+    for name, (entry, words) in cases.items():
+        store = tmp_path / f"{name}.zarr"
+        prompts = write_prompts(tmp_path / f"{name}.json", [entry])
+        proc = segpipe(
+            "run",
+            video,
+            "--store",
+            store,
+            "--prompts",
+            prompts,
+            "--chunk-size",
+            4,
+            "--image-size",
+            128,
+            "--random-weights",
+            0,
+        )
+        assert_user_error(proc, *words)
+        assert not store.exists() and not store.with_name(f".{store.name}.lock").exists(), name
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    import av
+
+    with av.open(str(video)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            frame.to_image().save(folder / f"{i:05d}.jpg")
+    store = tmp_path / "folder.zarr"
+    late = write_prompts(tmp_path / "late.json", [{**point, "frame": 30}])
+    proc = segpipe(
+        "run",
+        folder,
+        "--store",
+        store,
+        "--prompts",
+        late,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
+    assert_user_error(proc, "frame 30 is out of range", "0..23")
+    assert not store.exists()
+
+    store = tmp_path / "video.zarr"
+    proc = segpipe(
+        "run",
+        video,
+        "--store",
+        store,
+        "--prompts",
+        late,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
+    assert_user_error(proc, "frame 30 is out of range", "0..23")
+    from segpipe.store.runstore import RunStore
+
+    decoded = RunStore.open(store)
+    assert decoded.attrs["frame_count"] == 24 and "model" not in decoded.attrs
+    assert decoded.array("features/level0") is None  # nothing encoded
+
+
+def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
+    """Rerun on a finished store without repeating its settings: the model (the shipped
+    segpipe_tiny, not the command line's sam2.1_hiera_t), image and chunk size come from
+    the store, said once; it used to end in `no weights for sam2.1_hiera_t`."""
+    store = tmp_path / "s.zarr"
+    video, prompts = small / "clip.mp4", small / "prompts.json"
+    first = segpipe(
+        "run",
+        video,
+        "--store",
+        store,
+        "--prompts",
+        prompts,
+        "--model",
+        "segpipe_tiny",
+        "--image-size",
+        128,
+        "--chunk-size",
+        8,
+        "--export",
+        "none",
+    )
+    assert first.returncode == 0, first.stderr
+    again = segpipe("run", video, "--store", store, "--prompts", prompts, "--export", "none")
+    assert again.returncode == 0, again.stderr
+    said = [line for line in again.stderr.splitlines() if "the store's settings" in line]
+    assert said == [
+        "run: the store's settings: --chunk-size 8 --image-size 128 --model segpipe_tiny"
+    ], again.stderr
+    assert "already complete" in again.stderr
+    seeded = tmp_path / "seeded.zarr"
+    assert (
+        segpipe(
+            "decode", video, "--store", seeded, "--chunk-size", 4, "--image-size", 128, "--quiet"
+        ).returncode
+        == 0
+    )
+    assert segpipe("encode", "--store", seeded, "--random-weights", 3, "--quiet").returncode == 0
+    proc = segpipe("encode", "--store", seeded)
+    assert proc.returncode == 0, proc.stderr
+    assert "encode: the store's settings: --random-weights 3" in proc.stderr
+
+
+def test_a_file_export_given_a_folder_writes_into_it(small, tmp_path):
+    """`export --format vis-json --out some_dir/` used to write a file named some_dir."""
+    import json
+
+    store = tmp_path / "s.zarr"
+    assert (
+        segpipe(
+            "run",
+            small / "clip.mp4",
+            "--store",
+            store,
+            "--prompts",
+            small / "prompts.json",
+            "--chunk-size",
+            4,
+            "--image-size",
+            128,
+            "--random-weights",
+            0,
+            "--export",
+            "none",
+            "--quiet",
+        ).returncode
+        == 0
+    )
+    folder = tmp_path / "out"
+    proc = segpipe("export", "--store", store, "--format", "vis-json", "--out", f"{folder}/")
+    assert proc.returncode == 0, proc.stderr
+    assert folder.is_dir() and json.loads((folder / "masks.json").read_text())["videos"]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    proc = segpipe("export", "--store", store, "--format", "overlay", "--out", existing)
+    assert proc.returncode == 0, proc.stderr
+    assert (existing / "overlay.mp4").stat().st_size > 0
+    # per-object PNGs from `export` (only `dataset` had them): 0/1 per object and frame
+    import numpy as np
+    from PIL import Image
+
+    import segpipe as package
+
+    per_object = tmp_path / "per_object"
+    proc = segpipe(
+        "export", "--store", store, "--format", "davis", "--out", per_object, "--per-object"
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = package.open(store)
+    masks = run.masks()
+    for slot, obj in enumerate(run.object_ids):
+        pngs = sorted((per_object / f"{obj:03d}").glob("*.png"))
+        assert len(pngs) == run.frame_count
+        for t, png in enumerate(pngs):
+            assert np.array_equal(np.asarray(Image.open(png)), masks[t, slot].astype(np.uint8))
+
+
+def test_status_of_a_folder_that_is_not_a_store_says_so(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x")
+    assert_user_error(segpipe("status", "--store", folder), "is a folder but not a segpipe store")
+    assert_user_error(
+        segpipe("status", "--store", tmp_path / "none.zarr"), "no segpipe store", "segpipe run"
+    )
+
+
+def test_a_file_that_is_no_checkpoint_is_said_so_in_one_line(small, tmp_path):
+    """It used to be `does not fit sam2.1_hiera_t: 101` after decoding. A file that is not a
+    torch.save archive is refused before any work; a PyTorch file without SAM 2's "model"
+    state dict when the model is built."""
+    import torch
+
+    text = tmp_path / "notes.pt"
+    text.write_text("not weights")
+    store = tmp_path / "s.zarr"
+    args = (
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        small / "prompts.json",
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+    )
+    assert_user_error(segpipe(*args, "--checkpoint", text), "is not a PyTorch checkpoint")
+    assert not store.exists()
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    assert_user_error(
+        segpipe(*args, "--checkpoint", other), "not a SAM 2 checkpoint", 'no "model" state dict'
+    )
+
+
+def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(small, tmp_path):
+    """Not on a terminal (a pipe, a log file): no bar and no `\\r`, one plain line per stage
+    on stderr; what was written where on stdout, `--quiet` or not."""
+    store = tmp_path / "s.zarr"
+    proc = segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--prompts",
+        small / "prompts.json",
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr and "\r" not in proc.stdout
+    out = proc.stdout.splitlines()
+    folder = store.with_name("s.export")
+    assert out == [
+        f"decode: 24 frames into {store}",
+        f"track: masks for 3 objects in {store}",
+        f"export davis: {folder / 'davis'}",
+        f"export vis-json: {folder / 'masks.json'}",
+        f"export overlay: {folder / 'overlay.mp4'}",
+    ], proc.stdout
+    stage_line = re.compile(
+        r"^(decode|encode|track \w+|export \S+): \d+(/\d+)? frames \(\d+\.\d s\)$"
+    )
+    plain = [line for line in proc.stderr.splitlines() if stage_line.match(line)]
+    assert [line.split(":")[0] for line in plain] == ["decode", "track forward", "track reverse"]
+    again = tmp_path / "q.zarr"
+    quiet = segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        again,
+        "--prompts",
+        small / "prompts.json",
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+        "--quiet",
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert [line.split(":")[0] for line in quiet.stdout.splitlines()] == [
+        line.split(":")[0] for line in out
+    ]
+    assert not any(stage_line.match(line) for line in quiet.stderr.splitlines())
+
+
+def test_the_readmes_own_video_block_runs_as_written(tmp_path):
+    """The README's five lines, as a new user walks them on a video of their own (one the
+    test makes): the frame is shown, the prompt's point is read off it and written, `run`
+    prints where the masks went, and they are there."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import make_sample
+    import numpy as np
+    from conftest import ROOT
+    from PIL import Image
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- quickstart[^>]*-->\n```sh\n(.*?)```", text, re.S).group(1)
+    frames, masks = make_sample.make_clip(num_frames=12, width=160, height=120)
+    make_sample.write_video(tmp_path / "my_video.mp4", frames)
+    x, y = make_sample.centroid(masks[0, 0])  # the user reads this off frame0.png
+    block = block.replace("[[120, 80]]", f"[[{x:.0f}, {y:.0f}]]")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    shown = np.asarray(Image.open(tmp_path / "frame0.png"))
+    assert shown.shape == (120, 160, 3)
+    written = [
+        line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("export ")
+    ]
+    assert len(written) == 3, proc.stdout
+    for path in written:
+        assert (tmp_path / path).exists(), path
+    assert len(list((tmp_path / "my_video.export" / "davis").glob("*.png"))) == 12

@@ -1,0 +1,162 @@
+"""The house rule: each layer imports only from the layers below it.
+
+Every module of the package is listed below, bottom first; a module may import (at the top
+or inside a function) only modules listed before it, so no cycle can hide behind a
+function-level import. Imports under `if TYPE_CHECKING:` are for annotations only and are
+not counted. A new module must be placed here.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {
+    # what everything uses: errors, files, messages, the chunk plan, the prompts format
+    "base": [
+        "segpipe.errors",
+        "segpipe.fsutil",
+        "segpipe.log",
+        "segpipe.interrupt",
+        "segpipe.plan",
+        "segpipe.prompts",
+    ],
+    # a video file or a frame folder, as PyAV and Pillow read it
+    "sources": [
+        "segpipe.sources",
+        "segpipe.sources.info",
+        "segpipe.sources.folder",
+        "segpipe.sources.video",
+        "segpipe.sources.identity",
+        "segpipe.sources.frames",
+    ],
+    # the zarr store: its lock, ledger, layout and what it records
+    "store": [
+        "segpipe.store.lock",
+        "segpipe.store.ledger",
+        "segpipe.store.runstore",
+        "segpipe.store",
+        "segpipe.store.layout",
+        "segpipe.store.features",
+        "segpipe.store.retention",
+        "segpipe.store.masks",
+        "segpipe.store.tracking",
+        "segpipe.store.source",
+    ],
+    # weights to a SAM 2 predictor
+    "model": ["segpipe.model"],
+    # the four stages: each reads its inputs from the store and writes its outputs to it
+    "stages": [
+        "segpipe.stages",
+        "segpipe.stages.decode",
+        "segpipe.stages.encode",
+        "segpipe.stages.track",
+        "segpipe.stages.track.memory",
+        "segpipe.stages.track.supply",
+        "segpipe.stages.track.tracker",
+        "segpipe.stages.track.stage",
+        "segpipe.stages.export",
+        "segpipe.stages.export.writers",
+        "segpipe.stages.export.stage",
+        "segpipe.stages.export.as_tracked",
+    ],
+    # what calls the stages: estimates, status, results, repair, datasets, Dask, the run
+    "orchestration": [
+        "segpipe.defaults",
+        "segpipe.estimate",
+        "segpipe.space",
+        "segpipe.status",
+        "segpipe.results",
+        "segpipe.repairs",
+        "segpipe.vos",
+        "segpipe.vos.inputs",
+        "segpipe.vos.davis",
+        "segpipe.vos.dataset",
+        "segpipe.dask",
+        "segpipe.dask.tasks",
+        "segpipe.dask.client",
+        "segpipe.runner",
+        "segpipe.snapshot",
+    ],
+    "api": ["segpipe.api"],
+    "cli": ["segpipe.cli", "segpipe"],
+}
+ORDER = [m for layer in LAYERS.values() for m in layer]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = ["segpipe", "stages"] if rel.parts[0] == "stages" else ["segpipe"]
+    parts += list(rel.with_suffix("").parts[1:])
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for folder in ("pipeline", "stages")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+    }
+
+
+def type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of import nodes under `if TYPE_CHECKING:`."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules `name` imports, anywhere in it."""
+    tree = ast.parse(path.read_text())
+    skip, found = type_checking_only(tree), set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "segpipe"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if base.split(".")[0] != "segpipe":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return found - {name}
+
+
+def test_every_module_has_a_layer():
+    assert sorted(set(modules()) - set(ORDER)) == []
+    assert sorted(set(ORDER) - set(modules())) == []
+
+
+def test_imports_only_go_down():
+    found = modules()
+    rank = {m: i for i, m in enumerate(ORDER)}
+    layer = {m: name for name, ms in LAYERS.items() for m in ms}
+    upward = []
+    for name, path in found.items():
+        for dep in sorted(imports(name, path, set(found))):
+            assert dep in rank, f"{name} imports {dep}, which is no module of segpipe"
+            if rank[dep] > rank[name]:
+                upward.append(f"{name} ({layer[name]}) imports {dep} ({layer[dep]})")
+    assert upward == []
+
+
+def test_the_walk_sees_function_level_imports(tmp_path):
+    """The check itself: an import inside a function counts, one under TYPE_CHECKING not."""
+    path = tmp_path / "mod.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from segpipe.api import run\n"
+        "def f():\n    from segpipe.stages import decode\n"
+        "    from .store import runstore\n"
+    )
+    known = {"segpipe.stages.decode", "segpipe.store.runstore", "segpipe.api"}
+    assert imports("segpipe.x", path, known) == {"segpipe.stages.decode", "segpipe.store.runstore"}
