@@ -594,20 +594,23 @@ def repair(store, **options):
 
 @cli.command(context_settings=CONTEXT)
 @STORE
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
-def status(store, as_json):
-    """Show each stage's chunks done / total (with frames/s and an ETA while a stage is
-    unfinished, from the ledger's commit times), the storage estimate by array group beside
-    the bytes on disk, and bytes on disk per array.
+@click.option("--verbose", is_flag=True, help="The bytes on disk of every array too.")
+@click.option("--json", "as_json", is_flag=True, help="Everything, machine-readable, on stdout.")
+def status(store, verbose, as_json):
+    """Show the store in a few lines: its source, model, objects and prompts, whether a
+    process is working on it now, each stage's chunks done / total (with frames/s and an ETA
+    while a stage advances, from the ledger's commit times), the exports, and the storage
+    estimate by array group beside the bytes on disk.
 
     \b
     Example:
+      segpipe status --store clip.zarr
       segpipe status --store clip.zarr --json
     """
     from segpipe.status import describe, render
 
     report = describe(store)
-    click.echo(json.dumps(report, indent=1) if as_json else render(report))
+    click.echo(json.dumps(report, indent=1) if as_json else render(report, verbose))
 
 
 @cli.command(context_settings=CONTEXT)

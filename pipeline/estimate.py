@@ -19,7 +19,7 @@ What each figure rests on (the `basis` shown beside it):
   Per frame, levels [32, S/4, S/4], [64, S/8, S/8], [256, S/16, S/16] at 4 bytes (float32)
   or 2 (float16, bfloat16); under `--precision bfloat16`, `--embedding-dtype bfloat16` keeps
   level 2 in float32 (SAM 2 computes it in float32, the FPN's top-down sum: see
-  `stages/encode.py storage_dtype`), so 2, 2 and 4 bytes. An encoded store's own arrays
+  `segpipe.store.features.storage_dtype`), so 2, 2 and 4 bytes. An encoded store's own arrays
   give their dtypes. Before encode has run, decode assumes encode's default (float32).
 - frames: zstd-compressed uint8 S x S x 3, so it depends on the content: measured. With
   frames stored, their bytes per stored frame; before decode starts, decode (and run)
@@ -34,9 +34,9 @@ What each figure rests on (the `basis` shown beside it):
   object count is the prompts' (given to `run`, or the store's); without prompts the
   memory and masks figures are per object.
 - memory: per tracking pass, the prompted frames' outputs (one chunk) and one snapshot per
-  chunk the pass visits, counted slot by slot from the prompts (`stages/memory.py`: up to
-  num_maskmem - 1 = 6 mask memories and max_obj_ptrs - 1 = 15 object pointers per object,
-  fewer while a pass starts); bfloat16 mask memories at `RHO_MASKMEM` of their raw size
+  chunk the pass visits, counted slot by slot from the prompts (`segpipe.stages.track.memory`:
+  up to num_maskmem - 1 = 6 mask memories and max_obj_ptrs - 1 = 15 object pointers per
+  object, fewer while a pass starts); bfloat16 mask memories at `RHO_MASKMEM` of their raw size
   (zstd, measured 0.70-0.76), float32 values at `RHO_FLOAT32` (float32 precision) or
   `RHO_FLOAT32_FROM_BF16` (bfloat16 precision: float32 holding bfloat16 values). Once a
   pass has written snapshots, the figure is scaled by measured / counted for them.
@@ -172,7 +172,7 @@ def human(n: float) -> str:
 
 
 def level_itemsizes(embedding_dtype: str, precision: str) -> tuple[int, int, int]:
-    """Bytes per value of the three stored levels (`stages/encode.py storage_dtype`)."""
+    """Bytes per value of the three stored levels (`segpipe.store.features.storage_dtype`)."""
     if embedding_dtype == "float32":
         return 4, 4, 4
     if embedding_dtype == "bfloat16" and precision == "bfloat16":

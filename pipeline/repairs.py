@@ -64,6 +64,27 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     def is_done(stage, k):  # one read of each ledger for the whole scan
         return k < len(done[stage]) and done[stage][k]
 
+    _scan_frame_arrays(store, done, is_done, found, redo)
+    track = store.attrs.get("track")
+    if track is None:
+        return found, redo
+    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    plan = ChunkPlan(T, C)
+    for d in passes(track["direction"]):
+        _scan_pass(store, plan, track, d, is_done, found, redo)
+    for k in untracked_chunks(plan, track["direction"], track["start_frame"]):
+        if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
+            redo.setdefault(UNTRACKED, set()).add(k)
+    if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
+        raise SegpipeError(
+            f"store {store.path}: the stored mask prompts are damaged; track again "
+            f"with `segpipe track --store {store.path} --prompts FILE --force`"
+        )
+    return found, redo
+
+
+def _scan_frame_arrays(store: RunStore, done: dict, is_done, found: list, redo: dict) -> None:
+    """Scan decode's and encode's arrays: their damaged done chunks (not dropped) to redo."""
     gone = {what: dropped(store, what).done() for what in DROPPABLE}
     kept = {name: what for what, names in DROPPABLE.items() for name in names}
 
@@ -77,45 +98,36 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
         for k in range(len(done[stage])):
             if is_done(stage, k) and not was_dropped(name, k) and not _check(store, name, k, found):
                 redo.setdefault(stage, set()).add(k)
-    track = store.attrs.get("track")
-    if track is None:
-        return found, redo
-    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
-    plan = ChunkPlan(T, C)
-    for d in passes(track["direction"]):
-        stage, chunks = pass_stage(d), pass_chunks(plan, d, track["start_frame"])
-        prefix = f"memory/{d}"
-        if any(
-            store.array(f"{prefix}/prompted_{n}") is not None
-            and not _check(store, f"{prefix}/prompted_{n}", 0, found)
-            for n in ("frame", "maskmem", "ptr", "score", "logits")
-        ):
-            redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
-        for k in chunks:
-            if not is_done(stage, k):
-                continue
-            names = [
-                *TRACK_ARRAYS,
-                *(
-                    f"{prefix}/recent_{n}"
-                    for n in ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
-                ),
-            ]
-            if not all([_check(store, name, k, found) for name in names]):
-                redo.setdefault(stage, set()).add(k)
-                if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
-                    for other in passes(track["direction"]):  # the chunk holds both passes' frames
-                        if is_done(pass_stage(other), k):
-                            redo.setdefault(pass_stage(other), set()).add(k)
-    for k in untracked_chunks(plan, track["direction"], track["start_frame"]):
-        if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
-            redo.setdefault(UNTRACKED, set()).add(k)
-    if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
-        raise SegpipeError(
-            f"store {store.path}: the stored mask prompts are damaged; track again "
-            f"with `segpipe track --store {store.path} --prompts FILE --force`"
-        )
-    return found, redo
+
+
+def _scan_pass(
+    store: RunStore, plan: ChunkPlan, track: dict, d: str, is_done, found: list, redo: dict
+) -> None:
+    """Scan pass `d`: its prompted memory, and its done chunks' results and memory."""
+    stage, chunks = pass_stage(d), pass_chunks(plan, d, track["start_frame"])
+    prefix = f"memory/{d}"
+    if any(
+        store.array(f"{prefix}/prompted_{n}") is not None
+        and not _check(store, f"{prefix}/prompted_{n}", 0, found)
+        for n in ("frame", "maskmem", "ptr", "score", "logits")
+    ):
+        redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
+    for k in chunks:
+        if not is_done(stage, k):
+            continue
+        names = [
+            *TRACK_ARRAYS,
+            *(
+                f"{prefix}/recent_{n}"
+                for n in ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
+            ),
+        ]
+        if not all([_check(store, name, k, found) for name in names]):
+            redo.setdefault(stage, set()).add(k)
+            if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
+                for other in passes(track["direction"]):  # the chunk holds both passes' frames
+                    if is_done(pass_stage(other), k):
+                        redo.setdefault(pass_stage(other), set()).add(k)
 
 
 @holds_store_lock

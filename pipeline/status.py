@@ -21,6 +21,7 @@ import time
 
 from segpipe import estimate, space
 from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, passes
+from segpipe.store import lock
 from segpipe.store.ledger import pass_stage
 from segpipe.store.runstore import RunStore
 
@@ -32,6 +33,48 @@ def describe(store_path, now: float | None = None) -> dict:
     attrs = store.attrs
     T = attrs.get("frame_count")
     C = attrs["chunk_size"]
+    stages, orders = _stages_and_orders(store, attrs, T, C)
+    now = time.time() if now is None else now
+    progress = {}
+    for name, s in stages.items():
+        if name in orders and (s["total"] is None or s["done"] < s["total"]) and s["done"]:
+            p = stage_progress(store, name, *orders[name], now)
+            if p is not None:
+                progress[name] = p
+    running = lock.holder(store.path)
+    if running is None:  # nobody works on it: a rate, but no ETA for a process that is gone
+        for p in progress.values():
+            p["eta_s"], p["stopped"] = None, True
+    warnings = _store_warnings(attrs)
+    sizes = store.array_bytes()
+    disk_total = space.store_total(store.path, sizes)
+    est = estimate.from_store(store, sizes=sizes)
+    on_disk = {**estimate.group_bytes(sizes, disk_total), "total": disk_total}
+    return {
+        "store": str(store.path),
+        "source": attrs["source"]["path"],
+        "frames": T,
+        "chunk_size": C,
+        "image_size": attrs["image_size"],
+        "video": {k: attrs["video"].get(k) for k in ("width", "height", "fps")},
+        "model": attrs.get("model"),
+        "running": running,
+        "objects": _objects(attrs.get("track")),
+        "stages": stages,
+        "exports": {
+            name: {"out": e["out"], "complete": bool(e.get("complete"))}
+            for name, e in (attrs.get("exports") or {}).items()
+        },
+        "progress": progress,
+        "estimate": est.as_dict() if est is not None else None,
+        "on_disk": on_disk,
+        "bytes": sizes,
+        "warnings": warnings,
+    }
+
+
+def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> tuple[dict, dict]:
+    """Per stage: chunks done / total, and (its chunks in order, a chunk's frames, its frames)."""
     plan = ChunkPlan(T, C) if T is not None else None
     total = plan.num_chunks if plan is not None else None
     stages = {
@@ -56,13 +99,20 @@ def describe(store_path, now: float | None = None) -> dict:
                 _pass_frames(plan, d, start),
                 pass_frame_count_in(d, start, 0, T),
             )
-    now = time.time() if now is None else now
-    progress = {}
-    for name, s in stages.items():
-        if name in orders and (s["total"] is None or s["done"] < s["total"]) and s["done"]:
-            p = stage_progress(store, name, *orders[name], now)
-            if p is not None:
-                progress[name] = p
+    return stages, orders
+
+
+def _objects(track: dict | None) -> list[dict]:
+    """Each tracked object's id and its prompts (frame and kind), in slot order."""
+    objects = {}
+    for entry in (track or {}).get("prompts", []):
+        kind = next(k for k in ("points", "box", "mask") if k in entry)
+        objects.setdefault(entry["object"], []).append({"frame": entry["frame"], "kind": kind})
+    return [{"id": i, "prompts": p} for i, p in objects.items()]
+
+
+def _store_warnings(attrs: dict) -> list[str]:
+    """What the store warns of: random weights, and decode's warning."""
     warnings = []
     weights = (attrs.get("model") or {}).get("weights", {})
     if "random_seed" in weights:
@@ -71,24 +121,7 @@ def describe(store_path, now: float | None = None) -> dict:
         )
     if attrs.get("decode_warning"):
         warnings.append(attrs["decode_warning"])
-    sizes = store.array_bytes()
-    disk_total = space.store_total(store.path, sizes)
-    est = estimate.from_store(store, sizes=sizes)
-    on_disk = {**estimate.group_bytes(sizes, disk_total), "total": disk_total}
-    return {
-        "store": str(store.path),
-        "source": attrs["source"]["path"],
-        "frames": T,
-        "chunk_size": C,
-        "image_size": attrs["image_size"],
-        "model": attrs.get("model"),
-        "stages": stages,
-        "progress": progress,
-        "estimate": est.as_dict() if est is not None else None,
-        "on_disk": on_disk,
-        "bytes": sizes,
-        "warnings": warnings,
-    }
+    return warnings
 
 
 def _size(plan: ChunkPlan, k: int) -> int:
@@ -152,52 +185,94 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def render(report: dict) -> str:
+def render(report: dict, verbose: bool = False) -> str:
+    """The summary; with `verbose`, the bytes on disk of every array too."""
+    lines = [*_head(report), *_stage_lines(report), *_export_lines(report)]
+    lines += _storage_lines(report)
+    if verbose:
+        width = max(map(len, report["bytes"]), default=5)
+        lines.append(f"{'array':<{width + 2}}  bytes on disk")
+        lines += [f"  {name:<{width}}  {size:>14,}" for name, size in report["bytes"].items()]
+    lines += [f"warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def _head(report: dict) -> list[str]:
+    """Store, whether a process works on it, source, size, model, objects and prompts."""
+    holder = report["running"]
+    if holder is None:
+        running = "not running: no process holds its lock"
+    else:
+        who = f"pid {holder['pid']} on {holder['host']}" if "pid" in holder else "a process"
+        running = f"running: {who}, since {holder.get('started', '?')}"
+    frames = report["frames"] if report["frames"] is not None else "? (decoding)"
+    video = report["video"]
     lines = [
-        f"store   {report['store']}",
-        f"source  {report['source']}",
-        f"frames  {report['frames'] if report['frames'] is not None else '? (decoding)'}"
-        f"  chunk size {report['chunk_size']}  image size {report['image_size']}",
+        f"store    {report['store']}  ({running})",
+        f"source   {report['source']}  {video['width']}x{video['height']}, {video['fps']:g} fps, "
+        f"{frames} frames; chunks of {report['chunk_size']}, image size {report['image_size']}",
     ]
     if report["model"]:
+        m = report["model"]
         lines.append(
-            f"model   {report['model']['name']}  embeddings {report['model']['embedding_dtype']}"
+            f"model    {m['name']}, {m['embedding_dtype']} embeddings, {m['precision']} precision"
         )
-    lines.append("stage            chunks done / total   frames/s  ETA")
+    if report["objects"]:
+        said = [
+            f"{o['id']}: " + ", ".join(f"{p['kind']} on frame {p['frame']}" for p in o["prompts"])
+            for o in report["objects"]
+        ]
+        lines.append(f"objects  {'; '.join(said)}")
+    return lines
+
+
+def _stage_lines(report: dict) -> list[str]:
+    """Per stage: chunks done / total and, while it advances, frames/s and the ETA."""
+    width = max(map(len, report["stages"]))
+    lines = [f"{'stage':<{width + 2}}  chunks done / total  frames/s  ETA"]
     for name, s in report["stages"].items():
         total = "?" if s["total"] is None else s["total"]
-        line = f"  {name:<14} {s['done']:>6} / {total:<10}"
+        line = f"  {name:<{width}}  {s['done']:>11} / {total:<5}"
         p = report["progress"].get(name)
         if p is not None:
             ago = f"last commit {clock(p['last_commit_s_ago'])} ago"
             if p["frames_per_s"] is None:
                 line += f"  (measuring: {ago})"
             elif p["stalled"]:
-                line += f" {p['frames_per_s']:>8.2f}  not advancing: {ago}"
+                line += f"  {p['frames_per_s']:>8.2f}  not advancing: {ago}"
+            elif p.get("stopped"):
+                line += f"  {p['frames_per_s']:>8.2f}  stopped, no ETA ({ago})"
             else:
                 eta = clock(p["eta_s"]) if p["eta_s"] is not None else "?"
                 about = " (about)" if name == "decode" and s["total"] is None else ""
-                line += f" {p['frames_per_s']:>8.2f}  {eta}{about}  ({ago})"
+                line += f"  {p['frames_per_s']:>8.2f}  {eta}{about}  ({ago})"
         lines.append(line.rstrip())
+    return lines
+
+
+def _export_lines(report: dict) -> list[str]:
+    return [
+        f"export   {name}: {e['out']}{'' if e['complete'] else ' (unfinished)'}"
+        for name, e in report["exports"].items()
+    ]
+
+
+def _storage_lines(report: dict) -> list[str]:
+    """The storage estimate by array group beside the bytes on disk."""
     est, disk = report["estimate"], report["on_disk"]
     if est is None:
-        lines.append("storage  no estimate: the frame count is unknown")
-    else:
-        per = "" if est["objects"] is not None else "; memory and masks per object"
+        return ["storage  no estimate: the frame count is unknown"]
+    per = "" if est["objects"] is not None else "; memory and masks per object"
+    lines = [
+        f"storage          estimate      on disk   ({est['frames']:,} frames, "
+        f"{est['frames_basis']}{per})"
+    ]
+    for g, part in est["groups"].items():
         lines.append(
-            f"storage          estimate      on disk   ({est['frames']:,} frames, "
-            f"{est['frames_basis']}{per})"
+            f"  {g:<9} {estimate.human(part['bytes']):>14} {estimate.human(disk[g]):>12}"
+            f"   {part['basis']}"
         )
-        for g, part in est["groups"].items():
-            lines.append(
-                f"  {g:<9} {estimate.human(part['bytes']):>14} {estimate.human(disk[g]):>12}"
-                f"   {part['basis']}"
-            )
-        lines.append(
-            f"  {'total':<9} {estimate.human(est['total']):>14} {estimate.human(disk['total']):>12}"
-        )
-    lines.append("array                              bytes on disk")
-    for name, size in report["bytes"].items():
-        lines.append(f"  {name:<32} {size:>14,}")
-    lines += [f"warning: {w}" for w in report["warnings"]]
-    return "\n".join(lines)
+    lines.append(
+        f"  {'total':<9} {estimate.human(est['total']):>14} {estimate.human(disk['total']):>12}"
+    )
+    return lines

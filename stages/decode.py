@@ -331,7 +331,7 @@ def _truncation_note(
         return f"video is damaged or truncated: decoding stopped after {total} frames ({broke_off})"
     duration, fps = video.get("duration"), video.get("fps")
     if duration and fps and last_time == last_time:  # not NaN
-        end = video.get("start_time", 0.0) + duration
+        end = video["start_time"] + duration
         if end - (last_time + 1 / fps) > 1.5 / fps:
             return (
                 f"video looks truncated: decoded {total} frames, up to {last_time:.3f} s of "

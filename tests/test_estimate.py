@@ -312,8 +312,8 @@ def test_status_while_encode_runs(encoding):
 
 def test_status_rate_and_eta_from_commit_times(encoding, tmp_path):
     """The same store with 3 chunks committed 10 s apart (their entries' times set): one
-    chunk's frame per 10 s, and an ETA of the frames left at that rate, less the 10 s the
-    chunk in flight has been under way."""
+    chunk's frame per 10 s, and, while a process holds the store, an ETA of the frames left
+    at that rate, less the 10 s the chunk in flight has been under way."""
     from segpipe.status import describe, render
 
     store = tmp_path / "copy.zarr"
@@ -325,15 +325,22 @@ def test_status_rate_and_eta_from_commit_times(encoding, tmp_path):
     now = time.time()
     for k, t in ((0, now - 30), (1, now - 20), (2, now - 10)):
         os.utime(entries / str(k), (t, t))
-    report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
-    p = report["progress"]["encode"]
-    assert p["frames_per_s"] == pytest.approx(0.1, rel=1e-3)
-    assert p["frames_left"] == 5
-    assert p["eta_s"] == pytest.approx(5 / 0.1 - 10, abs=3)
-    assert not p["stalled"]
-    text = segpipe("status", "--store", store, check=True).stdout
-    line = next(l for l in text.splitlines() if l.strip().startswith("encode"))
-    assert "0.10" in line and re.search(r"0:00:[34]\d", line) and "last commit" in line, text
+    from segpipe.store.lock import store_lock
+
+    with store_lock(store):  # a process works on it (this one): an ETA
+        report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
+        p = report["progress"]["encode"]
+        assert p["frames_per_s"] == pytest.approx(0.1, rel=1e-3)
+        assert p["frames_left"] == 5
+        assert p["eta_s"] == pytest.approx(5 / 0.1 - 10, abs=3)
+        assert not p["stalled"]
+        text = segpipe("status", "--store", store, check=True).stdout
+        line = next(l for l in text.splitlines() if l.strip().startswith("encode"))
+        assert "0.10" in line and re.search(r"0:00:[34]\d", line) and "last commit" in line, text
+    # none does (stopped, killed): the rate, but no ETA for a process that is gone
+    p = describe(store, now=now)["progress"]["encode"]
+    assert p["frames_per_s"] == pytest.approx(0.1, rel=1e-3) and p["eta_s"] is None
+    assert "stopped, no ETA" in render(describe(store, now=now))
 
     # an hour without a commit: not advancing, no ETA
     later = describe(store, now=now + 3600)["progress"]["encode"]

@@ -446,3 +446,52 @@ def test_the_readmes_own_video_block_runs_as_written(tmp_path):
     for path in written:
         assert (tmp_path / path).exists(), path
     assert len(list((tmp_path / "my_video.export" / "davis").glob("*.png"))) == 12
+
+
+def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_path):
+    """`status` used to print 55 lines for a small store (34 of them bytes per array), no
+    objects, prompts or exports, and a rate and an ETA for a process long gone."""
+    import json
+    import os
+
+    from segpipe.store.lock import store_lock
+
+    store = tmp_path / "s.zarr"
+    assert (
+        segpipe(
+            "run",
+            small / "clip.mp4",
+            "--store",
+            store,
+            "--prompts",
+            small / "prompts.json",
+            "--chunk-size",
+            4,
+            "--image-size",
+            128,
+            "--random-weights",
+            0,
+            "--quiet",
+        ).returncode
+        == 0
+    )
+    text = segpipe("status", "--store", store, check=True).stdout
+    lines = text.splitlines()
+    assert len(lines) <= 25, text
+    assert "not running" in lines[0], text
+    assert "objects  1: points on frame 5; 2: box on frame 8; 3: mask on frame 11" in lines, text
+    assert f"export   davis: {store.with_name('s.export') / 'davis'}" in lines, text
+    assert "features/level0" not in text  # the bytes per array: --verbose
+    verbose = segpipe("status", "--store", store, "--verbose", check=True).stdout
+    assert "features/level0" in verbose and len(verbose.splitlines()) > len(lines)
+    stage_rows = [line for line in lines if " / " in line]
+    assert len({line.index(" / ") for line in stage_rows}) == 1, text  # columns align
+    with store_lock(store):  # a live holder: this process
+        report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
+        assert report["running"]["pid"] == os.getpid()
+        held = segpipe("status", "--store", store, check=True).stdout
+        assert f"running: pid {os.getpid()}" in held.splitlines()[0]
+    report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
+    assert report["running"] is None
+    assert [o["id"] for o in report["objects"]] == [1, 2, 3]
+    assert report["exports"]["davis"]["complete"] is True

@@ -85,20 +85,23 @@ def _store(path: str, work: Work):
 
 
 def _predictor(store, work: Work, options: dict | None = None):
+    """The worker's predictor of the store's model, built with the tracking's `options` (None
+    for the image encoder, which they do not change: SAM 2's defaults, `OPTIONS`)."""
     global MODELS
     from segpipe.model import Models, pick_device, resolve_weights
+    from segpipe.store.tracking import OPTIONS
 
     if MODELS is None:
         MODELS = Models()
-    spec, options = store.attrs["model"], options or {}
+    spec, options = store.attrs["model"], OPTIONS if options is None else options
     weights = resolve_weights(spec["name"], work.checkpoint, spec["weights"].get("random_seed"))
     return MODELS.get(
         spec["name"],
         spec["image_size"],
         weights,
         pick_device(work.device),
-        postprocessing=options.get("postprocessing", True),
-        non_overlap=options.get("non_overlap", False),
+        postprocessing=options["postprocessing"],
+        non_overlap=options["non_overlap"],
     )
 
 

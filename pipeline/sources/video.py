@@ -17,7 +17,7 @@ import av
 from PIL import Image
 
 from segpipe.errors import BadInput
-from segpipe.sources import folder as frame_folder
+from segpipe.sources import folder
 from segpipe.sources.info import VideoInfo
 
 # PIL transposes that show a frame upright, by the display matrix's counter-clockwise
@@ -74,7 +74,7 @@ def probe(path: Path, stream_index: int | None = None, fps: float | None = None)
     give one is refused."""
     path = Path(path)
     if path.is_dir():
-        return frame_folder.probe(path, fps)
+        return folder.probe(path, fps)
     container, stream = open_video(path, stream_index)
     try:
         try:
@@ -158,7 +158,7 @@ def iter_frames(
     `rotation` is the rotation recorded for the source: a frame that reports another one
     is refused rather than stored sideways."""
     if Path(path).is_dir():
-        yield from frame_folder.iter_frames(Path(path), start)
+        yield from folder.iter_frames(Path(path), start)
         return
     if start > 0 and before_pts is not None and before_pts >= 0:
         for back in SEEK_BACKOFF_S:
@@ -173,9 +173,7 @@ def sample(path: Path, info: VideoInfo, start: int, n: int) -> list:
     """`n` pictures from about frame `start`, loaded (a hint for estimates: a video file is
     sought to that frame's time, so the position need not be exact)."""
     if Path(path).is_dir():
-        return list(
-            itertools.islice((p for _, _, p in frame_folder.iter_frames(Path(path), start)), n)
-        )
+        return list(itertools.islice((p for _, _, p in folder.iter_frames(Path(path), start)), n))
     container, stream = open_video(path, info.stream)
     try:
         if start and info.fps:

@@ -15,7 +15,7 @@ def level_kind(store: RunStore, name: str) -> tuple[str, torch.dtype, str]:
     return (
         attrs["embedding_dtype"],
         getattr(torch, attrs["torch_dtype"]),
-        attrs.get("memory_format", "contiguous"),
+        attrs["memory_format"],
     )
 
 

@@ -19,7 +19,7 @@ from segpipe import log
 from segpipe.errors import BadInput, SegpipeError
 from segpipe.model import DEFAULT_MODEL
 from segpipe.stages.export.writers import make_folder
-from segpipe.vos.inputs import Layout, read_inputs, video_names
+from segpipe.vos.inputs import Layout, VideoInputs, read_inputs, video_names
 
 
 @dataclass
@@ -127,10 +127,6 @@ class VideoRunner:
         )
 
     def run(self, layout: Layout, video: str) -> VideoResult:
-        from segpipe.model import pick_device
-        from segpipe.stages.decode import decode
-        from segpipe.stages.encode import encode
-        from segpipe.stages.track.stage import track
         from segpipe.store.lock import store_lock
 
         o = self.options
@@ -144,54 +140,75 @@ class VideoRunner:
             make_folder(out)  # all the tool writes then
             return result
         with store_lock(store), log.results_hidden():  # one writer; the table is the result
-            decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
-            predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
-            encode(
-                store,
-                o.model,
-                o.checkpoint,
-                o.random_weights,
-                o.device,
-                o.batch_size,
-                o.embedding_dtype,
-                quiet=self.quiet,
-                predictor=predictor,
-                precision=o.precision,
-            )
-            from segpipe.stages.export.as_tracked import ExportsAsTracked
-            from segpipe.stages.export.writers import davis_palette
-
-            exporting = ExportsAsTracked(
-                store,
-                [
-                    dict(
-                        fmt="davis",
-                        out=out,
-                        frames=f"{inputs.first_output}:",
-                        name="vos",
-                        palette=inputs.palette or davis_palette(),
-                        per_object=o.per_obj_png_file,
-                    )
-                ],
-            )
-            track(
-                store,
-                inputs.prompts,
-                "forward",
-                o.device,
-                o.checkpoint,
-                self.quiet,
-                predictor,
-                postprocessing=o.apply_postprocessing,
-                non_overlap=not o.per_obj_png_file,
-                score_threshold=o.score_thresh,
-                object_start="own" if o.track_object_appearing_later_in_video else "earliest",
-                on_commit=exporting.committed,
-            )
+            predictor = self._decode_encode(inputs, store)
+            exporting = self._exports(store, out, inputs)
+            self._track(store, inputs, predictor, exporting)
             exporting.finish(self.quiet)
         if not exporting.worked:
             result.status = "already done"
         return result
+
+    def _decode_encode(self, inputs: VideoInputs, store: Path):
+        """Decode and encode the video's frames into `store`; the predictor that encoded them."""
+        from segpipe.model import pick_device
+        from segpipe.stages.decode import decode
+        from segpipe.stages.encode import encode
+
+        o = self.options
+        decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
+        predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
+        encode(
+            store,
+            o.model,
+            o.checkpoint,
+            o.random_weights,
+            o.device,
+            o.batch_size,
+            o.embedding_dtype,
+            quiet=self.quiet,
+            predictor=predictor,
+            precision=o.precision,
+        )
+        return predictor
+
+    def _exports(self, store: Path, out: Path, inputs: VideoInputs):
+        """The video's PNGs in `out`, exported as the tracking commits each chunk."""
+        from segpipe.stages.export.as_tracked import ExportsAsTracked
+        from segpipe.stages.export.writers import davis_palette
+
+        return ExportsAsTracked(
+            store,
+            [
+                dict(
+                    fmt="davis",
+                    out=out,
+                    frames=f"{inputs.first_output}:",
+                    name="vos",
+                    palette=inputs.palette or davis_palette(),
+                    per_object=self.options.per_obj_png_file,
+                )
+            ],
+        )
+
+    def _track(self, store: Path, inputs: VideoInputs, predictor, exporting) -> None:
+        """Track the video forward from its prompts with the tool's settings, exporting."""
+        from segpipe.stages.track.stage import track
+
+        o = self.options
+        track(
+            store,
+            inputs.prompts,
+            "forward",
+            o.device,
+            o.checkpoint,
+            self.quiet,
+            predictor,
+            postprocessing=o.apply_postprocessing,
+            non_overlap=not o.per_obj_png_file,
+            score_threshold=o.score_thresh,
+            object_start="own" if o.track_object_appearing_later_in_video else "earliest",
+            on_commit=exporting.committed,
+        )
 
 
 def frame_count(layout: Layout, video: str) -> int:

@@ -134,14 +134,14 @@ class Export:
             "palette": palette,
             "per_object": per_object,
         }
-        self._check_record(settings, force, recorded)
+        self._reconcile_record(settings, force, recorded)
         self.complete = bool(store.attrs["exports"][self.name].get("complete"))
         self.plan = ChunkPlan(T, C)
         self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
         self.started = False
 
-    def _check_record(self, settings: dict, force: bool, recorded: bool) -> None:
-        """Start the export's record and ledger anew if `settings` differ (or `force`)."""
+    def _reconcile_record(self, settings: dict, force: bool, recorded: bool) -> None:
+        """Reconcile the record with `settings`: a Dask task's must match, others reset on need."""
         store, out = self.store, self.out
         exports = store.attrs.get("exports", {})
         record = exports.get(self.name, {})

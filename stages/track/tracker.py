@@ -267,9 +267,7 @@ class Tracker:
     def track_chunk(self, k: int, state: dict, memory: TrackerMemory, owned, bar) -> None:
         lo, hi = self.plan.bounds(k)
         frames = pass_frames_in(self.direction, self.start, lo, hi)
-        self.features.load(lo, hi)
-        if k in self.after and self.supply.has(self.after[k]):
-            self.features.read_ahead(*self.plan.bounds(self.after[k]))
+        self.load_features(k, lo, hi)
         O = len(memory.objects)
         # Masks are packed to bits on the device and go to a (pinned, on CUDA) host buffer
         # as each frame is done, asynchronously; scores stay on the device: one
@@ -318,14 +316,16 @@ class Tracker:
             self.reach.prune(memory)
             self.sync_state(state, memory)
             bar.update(1)
-        scores = np.full((hi - lo, O), np.nan, np.float32)
-        if frames:
-            scores[[f - lo for f in frames]] = (
-                torch.stack([frame_scores[f] for f in frames]).cpu().numpy()
-            )
+        scores = chunk_scores(frame_scores, frames, lo, hi, O)
         if cuda:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
         self.write(k, lo, host_masks.numpy(), scores, mine, memory)
+
+    def load_features(self, k: int, lo: int, hi: int) -> None:
+        """Load chunk k's features; read the next chunk's ahead if they are on disk."""
+        self.features.load(lo, hi)
+        if k in self.after and self.supply.has(self.after[k]):
+            self.features.read_ahead(*self.plan.bounds(self.after[k]))
 
     def video_res(self, state: dict, logits: list):
         """The frame's mask logits at the video's size, as (first slot, (n, 1, H, W))
@@ -369,6 +369,16 @@ class Tracker:
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
         self.supply.release(self.direction, k)
+
+
+def chunk_scores(frame_scores: dict, frames: list[int], lo: int, hi: int, O: int) -> np.ndarray:
+    """The chunk's (hi - lo, O) object scores on the host: NaN on the frames the pass skips."""
+    scores = np.full((hi - lo, O), np.nan, np.float32)
+    if frames:
+        scores[[f - lo for f in frames]] = (
+            torch.stack([frame_scores[f] for f in frames]).cpu().numpy()
+        )
+    return scores
 
 
 def pack_bits(masks: torch.Tensor) -> torch.Tensor:
