@@ -21,7 +21,11 @@ STORE = click.option(
     type=click.Path(path_type=Path),
     help="The run store (a zarr directory, one per video).",
 )
-QUIET = click.option("--quiet", is_flag=True, help="No progress bars or messages.")
+QUIET = click.option(
+    "--quiet",
+    is_flag=True,
+    help="No progress bars or notes: only the results (stdout) and warnings.",
+)
 DEVICE = click.option(
     "--device",
     type=click.Choice(["auto", "cpu", "cuda", "mps"]),
@@ -31,7 +35,9 @@ DEVICE = click.option(
 CHECKPOINT = click.option(
     "--checkpoint",
     default=None,
-    help="Official SAM 2 checkpoint file, or hf:facebook/sam2.1-hiera-tiny style name.",
+    help="The weights: an official SAM 2 checkpoint file, or a hf:facebook/sam2.1-hiera-tiny "
+    "style name. track needs the one the store was encoded with (segpipe_tiny's shipped "
+    "weights and random weights are found without it).",
 )
 
 
@@ -75,14 +81,17 @@ def encode_options(f):
         type=click.Choice(["float32", "float16", "bfloat16"]),
         default=None,
         show_default="float32, or the store's",
-        help="How embeddings are stored (float32 keeps masks exact).",
+        help="How the embeddings are stored on disk, whatever they were computed in "
+        "(float32 keeps masks exact; bfloat16 halves the disk and is exact under "
+        "--precision bfloat16).",
     )(f)
     f = click.option(
         "--precision",
         type=click.Choice(["float32", "bfloat16"]),
         default=None,
         show_default="bfloat16 on CUDA, float32 elsewhere",
-        help="bfloat16: SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs.",
+        help="How SAM 2 computes: bfloat16 runs it under bfloat16 autocast, as SAM 2 runs "
+        "on GPUs; float32 without (--embedding-dtype is only how the results are stored).",
     )(f)
     f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
     f = click.option(
@@ -111,7 +120,8 @@ DIRECTION = click.option(
     type=click.Choice(["both", "forward", "reverse"]),
     default=None,
     show_default="both, or the store's",
-    help="Tracking passes from the earliest prompted frame.",
+    help="Which way to track from the earliest prompted frame: forward to the end, "
+    "reverse to frame 0, or both (forward, then reverse), as SAM 2's propagate_in_video.",
 )
 
 
@@ -122,9 +132,10 @@ def mask_options(f):
         type=click.Choice(["earliest", "own"]),
         default=None,
         show_default="earliest, or the store's",
-        help="own: each object tracked forward from its own first prompt, empty "
-        "before (vos_inference --track_object_appearing_later_in_video); "
-        "needs --direction forward.",
+        help="Where each object's tracking starts: earliest: every object from the "
+        "earliest prompted frame, as SAM 2's predictor; own: each from its own first "
+        "prompt, empty before (vos_inference --track_object_appearing_later_in_video; "
+        "needs --direction forward).",
     )(f)
     f = click.option(
         "--score-threshold",
@@ -176,11 +187,15 @@ def dask_options(f):
 FORCE = click.option(
     "--force",
     is_flag=True,
-    help="Where the store was made with other settings, start this stage (and "
-    "every later one) over instead of refusing.",
+    help="Where the store was made from another video or with other settings, start "
+    "this stage (and every later one) over instead of refusing. (On track and export, "
+    "--force redoes the stage even with the same settings.)",
 )
 FORCE_AGAIN = click.option(
-    "--force", is_flag=True, help="Start this stage over instead of resuming."
+    "--force",
+    is_flag=True,
+    help="Redo this stage from the start, even where it is finished or would resume "
+    "(new prompts or settings start it over anyway).",
 )
 NO_SPACE_CHECK = click.option(
     "--no-space-check",
@@ -363,9 +378,10 @@ def export(store, fmt, out, **options):
     type=click.Choice(["all", "masks"]),
     default=None,
     show_default="all, or the store's",
-    help="masks: drop a chunk's frames once encoded and its features once tracked, "
-    "so hours of video fit a few chunks of them on disk (re-prompting then "
-    "decodes and encodes again what the new passes need).",
+    help="What the store keeps: all (frames and embeddings: re-prompting costs no "
+    "encoding) or masks (a chunk's frames go once encoded and its features once tracked, "
+    "so hours of video fit a few chunks of them on disk; re-prompting then decodes and "
+    "encodes again what the new passes need).",
 )
 @click.option(
     "--export",

@@ -32,6 +32,15 @@ def results_hidden():
         _hidden -= 1
 
 
+def count(n: int, thing: str, verb: str = "") -> str:
+    """`1 chunk has`, `2 chunks have`: `n` things, and `verb` ("has" or "is") to agree."""
+    plural = n != 1
+    said = f"{n} {thing}{'s' if plural else ''}"
+    if verb:
+        said += " " + {"has": "have", "is": "are"}[verb] if plural else " " + verb
+    return said
+
+
 def info(message: str, quiet: bool = False) -> None:
     if not quiet:
         click.echo(message, err=True)

@@ -167,5 +167,5 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
     if any(stage.startswith("track") for stage in redo):
         track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
     n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
-    log.result(f"repair: recomputed {n} chunk(s) of {', '.join(sorted(redo))}", quiet)
+    log.result(f"repair: recomputed {log.count(n, 'chunk')} of {', '.join(sorted(redo))}", quiet)
     return found

@@ -286,7 +286,9 @@ class Cluster:
         missing = ChunkSupply.missing(store, todo)
         if missing:
             log.info(
-                f"track: {len(missing)} chunks have no features yet: encoding them first", quiet
+                f"track: {log.count(len(missing), 'chunk', 'has')} no features yet: encoding them "
+                f"first",
+                quiet,
             )
             self.encode(store, missing, work, quiet)
         for d in pending:

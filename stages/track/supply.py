@@ -92,7 +92,8 @@ def say_cost(store: RunStore, plan: ChunkPlan, chunks: list[int], quiet: bool) -
         else ""
     )
     log.info(
-        f"track: {len(chunks)} chunks ({frames} frames) have no features on disk: "
+        f"track: {log.count(len(chunks), 'chunk')} ({frames} frames) "
+        f"{'has' if len(chunks) == 1 else 'have'} no features on disk: "
         f"encoding them as the passes reach them{again}",
         quiet,
     )
