@@ -4,7 +4,7 @@ where it says it."""
 import re
 from pathlib import Path
 
-from conftest import assert_user_error, segpipe
+from conftest import assert_user_error, run_args, segpipe
 
 
 def test_version():
@@ -268,18 +268,7 @@ def test_a_file_export_given_a_folder_writes_into_it(small, tmp_path):
     store = tmp_path / "s.zarr"
     assert (
         segpipe(
-            "run",
-            small / "clip.mp4",
-            "--store",
-            store,
-            "--prompts",
-            small / "prompts.json",
-            "--chunk-size",
-            4,
-            "--image-size",
-            128,
-            "--random-weights",
-            0,
+            *run_args(small, store),
             "--export",
             "none",
             "--quiet",
@@ -360,18 +349,7 @@ def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(sm
     on stderr; what was written where on stdout, `--quiet` or not."""
     store = tmp_path / "s.zarr"
     proc = segpipe(
-        "run",
-        small / "clip.mp4",
-        "--store",
-        store,
-        "--prompts",
-        small / "prompts.json",
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
+        *run_args(small, store),
     )
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr and "\r" not in proc.stdout
@@ -391,18 +369,7 @@ def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(sm
     assert [line.split(":")[0] for line in plain] == ["decode", "track forward", "track reverse"]
     again = tmp_path / "q.zarr"
     quiet = segpipe(
-        "run",
-        small / "clip.mp4",
-        "--store",
-        again,
-        "--prompts",
-        small / "prompts.json",
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
+        *run_args(small, again),
         "--quiet",
     )
     assert quiet.returncode == 0, quiet.stderr
@@ -459,18 +426,7 @@ def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_p
     store = tmp_path / "s.zarr"
     assert (
         segpipe(
-            "run",
-            small / "clip.mp4",
-            "--store",
-            store,
-            "--prompts",
-            small / "prompts.json",
-            "--chunk-size",
-            4,
-            "--image-size",
-            128,
-            "--random-weights",
-            0,
+            *run_args(small, store),
             "--quiet",
         ).returncode
         == 0
