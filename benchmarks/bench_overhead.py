@@ -33,7 +33,7 @@ def build_store(
     import numpy as np
 
     from segpipe import prompts as prompt_file
-    from segpipe.plan import ChunkPlan, pass_chunks
+    from segpipe.plan import ChunkPlan, Span
     from segpipe.sources.identity import file_identity
     from segpipe.stages.track.stage import prepare, tracking_settings
     from segpipe.store.features import LEVELS
@@ -121,8 +121,8 @@ def build_store(
         "decode": list(plan),
         "encode": list(plan),
         "export_davis": list(plan),
-        "track_forward": pass_chunks(plan, "forward", start),
-        "track_reverse": pass_chunks(plan, "reverse", start),
+        "track_forward": Span.whole(start, T).chunks(plan, "forward"),
+        "track_reverse": Span.whole(start, T).chunks(plan, "reverse"),
     }
     for stage in STAGES:
         chunks = done[stage]
@@ -135,7 +135,7 @@ def build_store(
 
 def in_process(store_path: Path, repeat: int) -> list[list]:
     """The ledger and plan calls alone: best of `repeat`, each on a freshly opened store."""
-    from segpipe.plan import ChunkPlan, pass_chunks
+    from segpipe.plan import ChunkPlan, Span
     from segpipe.store.runstore import RunStore
 
     def best(fn):
@@ -175,9 +175,12 @@ def in_process(store_path: Path, repeat: int) -> list[list]:
         ["RunStore.open + todo(all chunks) of the 5 ledgers", best(todo_all)],
         ["RunStore.open + count() of the 5 ledgers", best(count_all)],
         [
-            "pass_chunks forward + reverse",
+            "Span.chunks forward + reverse",
             best(
-                lambda: (pass_chunks(plan, "forward", start), pass_chunks(plan, "reverse", start))
+                lambda: (
+                    Span.whole(start, plan.num_frames).chunks(plan, "forward"),
+                    Span.whole(start, plan.num_frames).chunks(plan, "reverse"),
+                )
             ),
         ],
     ]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,23 +26,15 @@ REPO, FILE = "facebook/sam2.1-hiera-tiny", "sam2.1_hiera_tiny.pt"
 
 
 def sam2_reachable() -> str | None:
-    """The cached or downloaded SAM 2.1 tiny checkpoint, or None (offline and not cached).
-    The cache is asked first; the network only when huggingface.co answers within 3 s, so an
-    offline machine does not wait for huggingface_hub's retries."""
-    from huggingface_hub import hf_hub_download
+    """The cached or downloaded SAM 2.1 tiny checkpoint, or None (offline and not cached):
+    segpipe's own `hf:` resolution, which asks the cache first and the network only when the
+    hub answers, so an offline machine does not wait for huggingface_hub's retries."""
+    from segpipe.errors import BadInput
+    from segpipe.model import resolve_weights
 
     try:
-        return hf_hub_download(repo_id=REPO, filename=FILE, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not cached
-        pass
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return None
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-        return hf_hub_download(repo_id=REPO, filename=FILE)
-    except Exception:  # noqa: BLE001 - offline, refused, failed: use the shipped model
+        return str(resolve_weights("sam2.1_hiera_t", f"hf:{REPO}", None).checkpoint)
+    except BadInput:  # offline, refused, failed: use the shipped model
         return None
 
 

@@ -177,6 +177,7 @@ def track(
     non_overlap: bool | None = None,
     score_threshold: float | None = None,
     object_start: str | None = None,
+    frames=None,
     workers: int | None = None,
     scheduler: str | None = None,
 ) -> Run:
@@ -192,6 +193,11 @@ def track(
     default 0.0), `object_start` ("earliest": every object from the earliest prompt, as SAM
     2's predictor; "own": each from its own first prompt, empty before, forward only, as
     vos_inference's --track_object_appearing_later_in_video).
+
+    `frames`: the tracking window, (A, B) or "A:B" (None: the store's, else the whole video):
+    only frames A..B-1 are tracked, as SAM 2's `propagate_in_video(start_frame_idx,
+    max_frame_num_to_track)` tracks them (see `segpipe.plan.Span`); prompts outside it still
+    condition the tracking, frames outside it are untracked.
 
     `workers` / `scheduler`: on Dask (as `encode`), the forward and reverse passes side by
     side.
@@ -215,6 +221,7 @@ def track(
             non_overlap=non_overlap,
             score_threshold=score_threshold,
             object_start=object_start,
+            frames=frames,
             cluster=cluster,
         )
     return Run(store)
@@ -277,6 +284,7 @@ def run(
     non_overlap: bool | None = None,
     score_threshold: float | None = None,
     object_start: str | None = None,
+    frames=None,
     keep: str | None = None,
     exports: Sequence[str] | None = None,
     force: bool = False,
@@ -353,6 +361,7 @@ def run(
         prompts,
         direction,
         object_start,
+        frames,
         len(exports) if prompts is not None else 0,
         device,
         model,
@@ -392,6 +401,7 @@ def run(
                 non_overlap=non_overlap,
                 score_threshold=score_threshold,
                 object_start=object_start,
+                frames=frames,
             ),
         )
     return Run(store)
@@ -444,13 +454,17 @@ def dataset(
 
     Example:
         >>> results = segpipe.dataset("DAVIS/JPEGImages/480p", "DAVIS/Annotations/480p",
-        ...                           "out/", "stores/", checkpoint="sam2.1_hiera_tiny.pt")
+        ...                           "out/", "stores/", model="segpipe_tiny")
         >>> [r.status for r in results]
     """
     from segpipe.dask.client import connect
     from segpipe.vos.dataset import Options, run_dataset
 
     model, embedding_dtype = model or DEFAULT_MODEL, embedding_dtype or "float32"
+    if image_size is None:  # at the size the weights were trained at, if they say
+        image_size = defaults.trained_image_size(
+            resolve_weights(model, checkpoint, random_weights), not progress, "dataset"
+        )
     options = Options(
         score_thresh=score_thresh,
         use_all_masks=use_all_masks,

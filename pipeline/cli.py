@@ -125,6 +125,18 @@ DIRECTION = click.option(
 )
 
 
+WINDOW = click.option(
+    "--frames",
+    default=None,
+    metavar="A:B",
+    show_default="all, or the store's",
+    help="Track only frames A..B-1 (A: to the end, :B from the start), as SAM 2's "
+    "propagate_in_video(start_frame_idx, max_frame_num_to_track): forward from A or the "
+    "earliest prompt, whichever is later, reverse from B-1 or it, whichever is earlier. "
+    "Prompts outside still count; frames outside are left untracked.",
+)
+
+
 def mask_options(f):
     """How masks are made from SAM 2's outputs (SAM 2's predictor defaults unless given)."""
     f = click.option(
@@ -241,9 +253,8 @@ def cli():
     """segpipe: segment objects through long videos with SAM 2, chunk by chunk.
 
     \b
-    Example (all four stages, resumable):
-      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json \\
-          --checkpoint sam2.1_hiera_tiny.pt
+    Example (all four stages, resumable, with the shipped demo model):
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --model segpipe_tiny
     """
 
 
@@ -261,8 +272,8 @@ def decode(video, store, **options):
 
     \b
     Example:
-      segpipe decode clip.mp4 --store clip.zarr --chunk-size 32 --image-size 1024
-      segpipe decode davis/JPEGImages/480p/bear --store bear.zarr --image-size 1024
+      segpipe decode clip.mp4 --store clip.zarr --chunk-size 4 --image-size 256
+      segpipe decode DAVIS/JPEGImages/480p/clip --store frames.zarr --image-size 256
     """
     with writing(store):
         api.decode(video, store, **api_options(options))
@@ -282,8 +293,8 @@ def encode(store, **options):
 
     \b
     Example:
-      segpipe encode --store clip.zarr --model sam2.1_hiera_t --checkpoint sam2.1_hiera_tiny.pt
-      segpipe encode --store clip.zarr --checkpoint sam2.1_hiera_tiny.pt --workers 4
+      segpipe encode --store clip.zarr --model segpipe_tiny
+      segpipe encode --store frames.zarr --model segpipe_tiny --workers 2
     """
     with writing(store):
         api.encode(store, **api_options(options))
@@ -300,6 +311,7 @@ def encode(store, **options):
     help="Prompts JSON (see README, 'Prompts file').",
 )
 @DIRECTION
+@WINDOW
 @mask_options
 @CHECKPOINT
 @DEVICE
@@ -313,7 +325,7 @@ def track(store, prompts, **options):
     \b
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
-      segpipe track --store clip.zarr --prompts prompts.json --scheduler tcp://10.0.0.5:8786
+      segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2
     """
     with writing(store):
         api.track(store, prompts, **api_options(options))
@@ -353,7 +365,7 @@ def export(store, fmt, out, **options):
     \b
     Example:
       segpipe export --store clip.zarr --format davis --out clip_davis/
-      segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:300
+      segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:8
     """
     with writing(store):
         api.export(store, fmt, out, **api_options(options))
@@ -372,6 +384,7 @@ def export(store, fmt, out, **options):
 @decode_options
 @encode_options
 @DIRECTION
+@WINDOW
 @mask_options
 @click.option(
     "--keep",
@@ -396,9 +409,10 @@ def export(store, fmt, out, **options):
 @NO_SPACE_CHECK
 @QUIET
 def run(video, store, prompts, exports, **options):
-    """Run every stage on VIDEO in order, each resuming where it stopped. First prints the
-    storage estimate of the whole store by array group (frames, features, memory, masks)
-    and refuses if it needs more than the free space of the store's file system.
+    """Run every stage on VIDEO in order, each resuming where it stopped. Before it writes
+    anything, prints the storage estimate of the whole store by array group (frames,
+    features, memory, masks) and refuses if it needs more than the free space of the
+    store's file system.
 
     With --workers or --scheduler, decode runs here and the rest on Dask workers: every
     chunk encoded side by side, the forward and reverse passes side by side, each chunk
@@ -406,10 +420,12 @@ def run(video, store, prompts, exports, **options):
 
     \b
     Example:
-      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --random-weights 0 \\
-          --image-size 256 --chunk-size 16 --export davis,overlay
-      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json \\
-          --checkpoint sam2.1_hiera_tiny.pt --workers 2
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --model segpipe_tiny \\
+          --export davis,overlay
+      segpipe run clip.mp4 --store long.zarr --prompts prompts.json --model segpipe_tiny \\
+          --keep masks --chunk-size 4
+      segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --model segpipe_tiny \\
+          --workers 2
     """
     formats = (
         [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
@@ -460,7 +476,7 @@ def frame(source, at, out, grid, stream):
     \b
     Example:
       segpipe frame clip.mp4 --at 0 --out frame0.png
-      segpipe frame clip.zarr --at 120 --grid 50
+      segpipe frame clip.zarr --at 10 --grid 50
     """
     from segpipe.snapshot import save_frame
 
@@ -555,8 +571,8 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, *
     Example:
       segpipe dataset --base-video-dir DAVIS/JPEGImages/480p \\
           --input-mask-dir DAVIS/Annotations/480p --output-mask-dir out/ \\
-          --work-dir stores/ --checkpoint sam2.1_hiera_tiny.pt
-      segpipe dataset ... --workers 4    (the same, four videos at a time on Dask)
+          --work-dir stores/ --model segpipe_tiny
+    (add --workers 4 for four videos at a time on Dask)
     """
     from segpipe.vos.dataset import table
 
@@ -667,9 +683,9 @@ def evaluate(results_dir, gt_dir, video_list_file, per_object_png, as_json):
 
     \b
     Example:
-      segpipe export --store bear.zarr --format davis --out results/bear
-      segpipe evaluate --results-dir results --gt-dir DAVIS/Annotations/480p \\
-          --video-list-file val.txt
+      segpipe evaluate --results-dir out --gt-dir DAVIS/Annotations/480p
+      segpipe evaluate --results-dir out --gt-dir DAVIS/Annotations/480p \\
+          --video-list-file val.txt --json
     """
     from segpipe.vos.davis import evaluate as score
     from segpipe.vos.davis import read_video_list

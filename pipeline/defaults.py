@@ -55,10 +55,10 @@ def fill(store, command: str, quiet: bool, checkpoint=None, **given) -> dict:
     return filled
 
 
-def trained_image_size(weights, quiet: bool) -> int | None:
+def trained_image_size(weights, quiet: bool, command: str = "run") -> int | None:
     """The image size `weights` say they were trained at (segpipe_tiny's do; official
     checkpoints do not: None, the command line's 1024), said where it is not 1024."""
     size = trained_size(weights)
     if size is not None and size != COMMAND_LINE["image_size"]:
-        log.info(f"run: --image-size {size}, the size these weights were trained at", quiet)
+        log.info(f"{command}: --image-size {size}, the size these weights were trained at", quiet)
     return size

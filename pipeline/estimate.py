@@ -62,7 +62,7 @@ import math
 from dataclasses import dataclass, field
 
 from segpipe.fsutil import tree_bytes
-from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, passes
+from segpipe.plan import ChunkPlan, Span, passes
 
 GROUPS = ("frames", "features", "memory", "masks", "other")
 STAGE_GROUPS = {
@@ -146,18 +146,14 @@ class Estimate:
             "groups": {g: {"bytes": p.bytes, "basis": p.basis} for g, p in self.parts.items()},
         }
 
-    def lines(self) -> list[str]:
-        out = [
-            f"storage estimate: {self.frames:,} frames ({self.frames_basis}), image size "
-            f"{self.image_size}, chunk size {self.chunk_size}"
-        ]
-        for g, p in self.parts.items():
-            out.append(f"  {g:<9} {human(p.bytes):>11}  {p.basis}")
-        out.append(
-            f"  {'total':<9} {human(self.total):>11}"
-            + ("" if self.objects is not None else "  (memory and masks for 1 object)")
+    def summary(self) -> str:
+        """The estimate in one line: the total, then each group's figure."""
+        per = "" if self.objects is not None else ", memory and masks for 1 object"
+        groups = ", ".join(f"{g} {human(p.bytes)}" for g, p in self.parts.items())
+        return (
+            f"storage estimate: total {human(self.total)} for {self.frames:,} frames at "
+            f"{self.image_size}, chunks of {self.chunk_size}{per} ({groups})"
         )
-        return out
 
 
 def human(n: float) -> str:
@@ -267,6 +263,7 @@ def memory_snapshots(
     first: dict,
     precision: str,
     model: str | None = None,
+    span: Span | None = None,
 ) -> dict[str, list[float]]:
     """Per pass, the counted bytes of the prompted outputs (index 0) and of each chunk's
     snapshot in the pass's order (1..)."""
@@ -277,7 +274,7 @@ def memory_snapshots(
     M, P = NUM_MASKMEM - 1, max(min(T, MAX_OBJ_PTRS) - 1, 1)
     ids = list(dict.fromkeys(p.object_id for p in prompts))
     O = len(ids)
-    start = min(p.frame for p in prompts)
+    span = span or Span.whole(min(p.frame for p in prompts), T)
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     K = max(len(c) for c in cond.values())
     prompted = O * K * (
@@ -286,7 +283,7 @@ def memory_snapshots(
     small = O * (2 * P + M) * 4 + 5 * CHUNK_OVERHEAD  # frame indices, scores, headers
     out = {}
     for d in passes(direction):
-        chunks = pass_chunks(plan, d, start)
+        chunks = span.chunks(plan, d)
         if not chunks:
             continue
         sizes, seen = [prompted], {i: 0 for i in ids}
@@ -295,9 +292,9 @@ def memory_snapshots(
             mem = ptr = 0
             for i in ids:  # frames this object is tracked on in the chunk, less its prompted ones
                 a, b = max(lo, first[i]), hi
-                tracked = pass_frame_count_in(d, start, a, b) if a < b else 0
+                tracked = span.count_in(d, a, b) if a < b else 0
                 prompted_here = sum(
-                    1 for f in cond[i] if a <= f < b and f in range(*_pass_span(d, start, lo, hi))
+                    1 for f in cond[i] if a <= f < b and f in span.frames_in(d, lo, hi)
                 )
                 seen[i] += tracked - prompted_here
                 mem += min(M, seen[i])
@@ -308,13 +305,6 @@ def memory_snapshots(
                 break
         out[d] = sizes
     return out
-
-
-def _pass_span(direction: str, start: int, lo: int, hi: int) -> tuple[int, int]:
-    """[a, b) of the frames a pass tracks in chunk [lo, hi)."""
-    if direction == "reverse":
-        return (lo, min(start, hi - 1) + 1) if start > 0 else (lo, lo)
-    return max(start, lo), hi
 
 
 def masks_part(
@@ -347,8 +337,8 @@ def masks_part(
     )
 
 
-def tracked_frames(T: int, start: int, direction: str) -> int:
-    return sum(pass_frame_count_in(d, start, 0, T) for d in passes(direction))
+def tracked_frames(T: int, span: Span, direction: str) -> int:
+    return sum(span.count_in(d, 0, T) for d in passes(direction))
 
 
 def other_part(
@@ -378,6 +368,7 @@ class Later:
     prompts: list | None = None  # Prompt objects or stored entries
     direction: str | None = None
     object_start: str | None = None
+    frames: object = None  # a tracking window given (`--frames`): counted as the whole video
     exports: int = 0
     device: str = "auto"  # decides the default precision (bfloat16 on CUDA)
     model: str | None = None  # decides the widths of features and memory
@@ -415,10 +406,12 @@ def build(
 
     same_tracking = _same_tracking(store, track, later, prompts)
     O, start, direction, first, plist = tracking_layout(T, prompts, direction, object_start)
-    snaps = memory_snapshots(T, C, S, plist, direction, first, precision, name)
+    # a windowed tracking counts as the whole video until it is the store's (an upper bound)
+    span = Span.of(track, T) if same_tracking else Span.whole(start, T)
+    snaps = memory_snapshots(T, C, S, plist, direction, first, precision, name, span)
     est.parts["memory"] = _memory_estimate(snaps, O, prompts, store, same_tracking, sizes)
     est.parts["masks"] = _masks_estimate(
-        T, C, H, W, O, start, direction, plist, prompts, store, same_tracking
+        T, C, H, W, O, span, direction, plist, prompts, store, same_tracking
     )
     prompts_json = (
         len(json.dumps(track.get("prompts", [])))
@@ -432,7 +425,7 @@ def build(
 
     # What a finished stage holds is no longer an estimate: the bytes on disk.
     if store is not None and sizes:
-        _finished_on_disk(est, store, sizes, T, C, same_tracking, start, direction)
+        _finished_on_disk(est, store, sizes, T, C, same_tracking, span, direction)
     return est
 
 
@@ -479,6 +472,7 @@ def _same_tracking(store, track: dict, later: Later, prompts: list[Prompted] | N
             or (
                 prompts == summarize_prompts(track.get("prompts", []))
                 and given == track.get("direction")
+                and later.frames is None
             )
         )
     )
@@ -518,7 +512,7 @@ def _masks_estimate(
     H: int,
     W: int,
     O: int,
-    start: int,
+    span: Span,
     direction: str,
     plist: list[Prompted],
     prompts,
@@ -526,11 +520,11 @@ def _masks_estimate(
     same_tracking: bool,
 ) -> Part:
     """The masks part, measured on the store's tracked chunks where it has them."""
-    tracked = tracked_frames(T, start, direction)
+    tracked = tracked_frames(T, span, direction)
     per_frame, basis = None, None
     masks = store.array("masks") if (store is not None and same_tracking) else None
     if masks is not None and masks.chunks[0] == C:  # chunk k of the masks is pipeline chunk k
-        per_frame = measured_mask_bytes(store, T, C, start, direction)
+        per_frame = measured_mask_bytes(store, T, C, span, direction)
         if per_frame is not None:
             basis = f"measured on the tracked chunks, {human(per_frame)} a frame"
     part = masks_part(T, C, H, W, O, tracked, sum(p.mask for p in plist), per_frame, basis)
@@ -546,7 +540,7 @@ def _finished_on_disk(
     T: int,
     C: int,
     same_tracking: bool,
-    start: int,
+    span: Span,
     direction: str,
 ) -> None:
     """Replace the figures of finished stages (decode, every tracking pass) by their bytes."""
@@ -554,7 +548,7 @@ def _finished_on_disk(
         est.parts["frames"] = Part(_sum(sizes, "frames"), "on disk (decoded)")
     plan = ChunkPlan(T, C)
     if same_tracking and all(
-        store.pass_ledger(d).count() >= len(pass_chunks(plan, d, start)) for d in passes(direction)
+        store.pass_ledger(d).count() >= len(span.chunks(plan, d)) for d in passes(direction)
     ):
         for g in ("memory", "masks"):
             est.parts[g] = Part(_sum(sizes, g), "on disk (tracked)")
@@ -565,7 +559,7 @@ def _sum(sizes: dict, group: str) -> int:
 
 
 def measured_mask_bytes(
-    store, T: int, C: int, start: int, direction: str, sample: int = 64
+    store, T: int, C: int, span: Span, direction: str, sample: int = 64
 ) -> float | None:
     """Bytes per tracked frame of the masks, from the chunk files of (up to `sample`) chunks
     some pass has committed."""
@@ -573,7 +567,7 @@ def measured_mask_bytes(
     done = set()
     for d in passes(direction):
         vector = store.pass_ledger(d).done()
-        done |= {k for k in pass_chunks(plan, d, start) if k < len(vector) and vector[k]}
+        done |= {k for k in span.chunks(plan, d) if k < len(vector) and vector[k]}
     if not done:
         return None
     chunks = sorted(done)
@@ -582,7 +576,7 @@ def measured_mask_bytes(
     for k in chunks[::step]:
         folder = store.path / "masks" / "c" / str(k)
         total += tree_bytes(folder) if folder.exists() else 0
-        frames += sum(pass_frame_count_in(d, start, *plan.bounds(k)) for d in passes(direction))
+        frames += sum(span.count_in(d, *plan.bounds(k)) for d in passes(direction))
     return total / frames if frames and total else None
 
 

@@ -1,9 +1,13 @@
-"""Files made durable: fsync of files, trees and directory entries, and the one atomic
-write (a temp file beside the target, fsynced, renamed over it)."""
+"""Files made durable: fsync of files, trees and directory entries, the one atomic write (a
+temp file beside the target, fsynced, renamed over it) and the one atomic removal (a tree
+renamed into a trash folder, the rename made durable, then deleted there)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -59,6 +63,53 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write a file's bytes so that it exists complete or not at all."""
     with replacing(path) as tmp:
         tmp.write_bytes(data)
+
+
+def remove_tree(path: Path, trash: Path) -> None:
+    """Remove the tree (or file) at `path` so that no reader ever sees it half removed: it
+    is renamed into `trash` (a folder on the same file system, made if missing), the rename
+    is made durable (its parent fsynced), then it is deleted there. A kill after the rename
+    leaves only the trash, which `empty_trash` clears; before it, the tree is whole. Where
+    `trash` is on another file system, the tree is deleted in place."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    trash = Path(trash)
+    aside = trash / f"{path.name}.{uuid.uuid4().hex[:12]}"
+    try:
+        trash.mkdir(exist_ok=True)
+        os.rename(path, aside)
+    except FileNotFoundError:  # the trash emptied meanwhile (by another opening): again
+        trash.mkdir(exist_ok=True)
+        os.rename(path, aside)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        shutil.rmtree(path)  # another file system: no rename there
+        fsync_path_dir(path.parent)
+        return
+    fsync_path_dir(path.parent)
+    fsync_path_dir(trash)
+    _delete(aside)
+
+
+def empty_trash(trash: Path) -> None:
+    """Delete what a removal killed after its rename left in `trash` (and the folder)."""
+    trash = Path(trash)
+    if trash.is_dir():
+        for entry in list(trash.iterdir()):
+            _delete(entry)
+        try:
+            trash.rmdir()
+        except OSError:
+            pass
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def tree_bytes(folder) -> int:

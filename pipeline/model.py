@@ -129,19 +129,52 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
 
 def _hf_checkpoint(repo_id: str) -> Path:
     """Resolve `hf:facebook/sam2.1-hiera-tiny` through huggingface_hub's cache, as SAM 2's
-    own `from_pretrained` does."""
+    own `from_pretrained` does; downloaded only when the hub can be reached (asked once,
+    so an offline machine hears it in one line, not after huggingface_hub's retries)."""
     files = {repo: file for _, file, repo in OFFICIAL.values()}
     if repo_id not in files:
         raise BadInput(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
 
+    where = f"download {files[repo_id]} and pass --checkpoint PATH"
+    try:
+        return Path(
+            hf_hub_download(repo_id=repo_id, filename=files[repo_id], local_files_only=True)
+        )
+    except Exception:  # noqa: BLE001 - not cached: download it, if the hub can be reached
+        pass
+    unreachable = _unreachable(constants.ENDPOINT, constants.HF_HUB_OFFLINE)
+    if unreachable:
+        raise BadInput(
+            f"could not get checkpoint hf:{repo_id}: not in the Hugging Face cache, and "
+            f"{unreachable}; {where}"
+        )
     try:
         return Path(hf_hub_download(repo_id=repo_id, filename=files[repo_id]))
-    except Exception as e:  # noqa: BLE001 - offline, uncached, network: all one message
+    except Exception as e:  # noqa: BLE001 - network, permissions: all one message
         raise BadInput(
-            f"could not get checkpoint hf:{repo_id} (not in the Hugging Face cache and not "
-            f"downloadable here: {type(e).__name__}); download {files[repo_id]} and pass --checkpoint PATH"
+            f"could not get checkpoint hf:{repo_id} ({type(e).__name__}); {where}"
         ) from None
+
+
+def _unreachable(endpoint: str, offline: bool) -> str | None:
+    """Why the Hugging Face hub at `endpoint` cannot be reached (None: it answers)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if offline:
+        return "HF_HUB_OFFLINE is set"
+    from urllib.request import getproxies
+
+    if getproxies():  # through a proxy: huggingface_hub's own request decides
+        return None
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError as e:
+        return f"{url.hostname} cannot be reached ({e.strerror or e})"
+    return None
 
 
 def build_model(
@@ -365,6 +398,32 @@ def install_memory_cast(predictor) -> None:
     if not getattr(predictor, "_segpipe_memory_cast", False):
         predictor.memory_attention.register_forward_pre_hook(cast, with_kwargs=True)
         predictor._segpipe_memory_cast = True
+
+
+_PROBES: dict = {}
+
+
+def thread_probe() -> str:
+    """A digest of what SAM 2's image encoder computes here, at this process's torch thread
+    count and thread environment: SAM 2.1 tiny with seeded random weights on one seeded
+    64 x 64 image (a second or so). CPU results change in their last bits with the thread
+    count (at 64 already), so two processes that give the same digest compute alike; Dask's
+    client compares its workers' with its own before sending them work."""
+    import hashlib
+
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads not in _PROBES:
+        predictor = build_model("sam2.1_hiera_t", 64, Weights(random_seed=0))
+        image = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            levels = predictor.forward_image(image)["backbone_fpn"]
+        digest = hashlib.sha256()
+        for level in levels:
+            digest.update(level.contiguous().numpy().tobytes())
+        _PROBES[threads] = digest.hexdigest()[:16]
+    return _PROBES[threads]
 
 
 def pick_device(device: str) -> str:

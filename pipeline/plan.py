@@ -35,20 +35,74 @@ class ChunkPlan:
         return iter(range(self.num_chunks))
 
 
-def pass_frames(direction: str, start: int, num_frames: int) -> list[int]:
-    """A tracking pass's frames in processing order, as SAM 2's `propagate_in_video` orders
-    them from the earliest prompted frame `start`."""
-    if direction == "reverse":  # SAM 2 skips reverse tracking when starting from frame 0
-        return list(range(start, -1, -1)) if start > 0 else []
-    return list(range(start, num_frames))
+@dataclass(frozen=True)
+class Span:
+    """The frames a tracking's passes cover, in SAM 2's `propagate_in_video` order: from the
+    earliest prompted frame `start`, inside the window [lo, hi) (`track --frames`; the whole
+    video without one). Pass d is `propagate_in_video(start_frame_idx=first(d),
+    max_frame_num_to_track=...)` with the arguments `sam2_arguments(d)` gives."""
 
+    start: int
+    lo: int
+    hi: int
 
-def pass_frames_in(direction: str, start: int, lo: int, hi: int) -> list[int]:
-    """The frames of `pass_frames` inside [lo, hi), in the same order, without listing the
-    whole pass (chunks are visited one by one on long videos)."""
-    if direction == "reverse":
-        return list(range(min(start, hi - 1), lo - 1, -1)) if start > 0 else []
-    return list(range(max(start, lo), hi))
+    @classmethod
+    def whole(cls, start: int, num_frames: int) -> "Span":
+        return cls(start, 0, num_frames)
+
+    @classmethod
+    def of(cls, settings: dict, num_frames: int) -> "Span":
+        """The span of a stored tracking (its `track` attribute)."""
+        lo, hi = settings.get("frames") or (0, num_frames)
+        return cls(settings["start_frame"], lo, hi)
+
+    def first(self, direction: str) -> int:
+        """The frame pass `direction` starts on."""
+        if direction == "reverse":
+            return min(self.start, self.hi - 1)
+        return max(self.start, self.lo)
+
+    def sam2_arguments(self, direction: str) -> dict:
+        """The keyword arguments of SAM 2's `propagate_in_video` for this pass."""
+        first = self.first(direction)
+        count = first - self.lo if direction == "reverse" else self.hi - 1 - first
+        return {
+            "start_frame_idx": first,
+            "max_frame_num_to_track": count,
+            "reverse": direction == "reverse",
+        }
+
+    def frames(self, direction: str) -> list[int]:
+        """The pass's frames in processing order."""
+        return self.frames_in(direction, self.lo, self.hi)
+
+    def frames_in(self, direction: str, lo: int, hi: int) -> list[int]:
+        """The pass's frames inside [lo, hi), in its order, without listing the whole pass
+        (chunks are visited one by one on long videos)."""
+        first = self.first(direction)
+        if direction == "reverse":  # SAM 2 skips reverse tracking when starting from frame 0
+            if first <= 0:
+                return []
+            return list(range(min(first, hi - 1), max(self.lo, lo) - 1, -1))
+        return list(range(max(first, lo), min(self.hi, hi)))
+
+    def count_in(self, direction: str, lo: int, hi: int) -> int:
+        """len(frames_in(direction, lo, hi)), without listing the frames."""
+        first = self.first(direction)
+        if direction == "reverse":
+            return max(0, min(first, hi - 1) - max(self.lo, lo) + 1) if first > 0 else 0
+        return max(0, min(self.hi, hi) - max(first, lo))
+
+    def chunks(self, plan: ChunkPlan, direction: str) -> list[int]:
+        """The chunks the pass visits, in its order, computed from the chunk bounds."""
+        first = self.first(direction)
+        if direction == "reverse":
+            if first <= 0 or first < self.lo:
+                return []
+            return list(range(plan.chunk_of(first), plan.chunk_of(self.lo) - 1, -1))
+        if first >= min(self.hi, plan.num_frames):
+            return []
+        return list(range(plan.chunk_of(first), plan.chunk_of(self.hi - 1) + 1))
 
 
 def passes(direction: str) -> list[str]:
@@ -56,26 +110,21 @@ def passes(direction: str) -> list[str]:
     return ["forward", "reverse"] if direction == "both" else [direction]
 
 
-def untracked_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
+def untracked_chunks(plan: ChunkPlan, direction: str, span: Span) -> list[int]:
     """The chunks no pass of `direction` visits (before the start of a forward-only run,
-    after it in a reverse-only one): their frames are untracked."""
-    reached = {k for d in passes(direction) for k in pass_chunks(plan, d, start)}
+    after it in a reverse-only one, outside the window): their frames are untracked."""
+    reached = {k for d in passes(direction) for k in span.chunks(plan, d)}
     return [k for k in plan if k not in reached]
 
 
-def pass_frame_count_in(direction: str, start: int, lo: int, hi: int) -> int:
-    """len(pass_frames_in(direction, start, lo, hi)), without listing the frames."""
-    if direction == "reverse":
-        return max(0, min(start, hi - 1) - lo + 1) if start > 0 else 0
-    return max(0, hi - max(start, lo))
-
-
-def pass_chunks(plan: ChunkPlan, direction: str, start: int) -> list[int]:
-    """The chunks a tracking pass visits, in its order: the chunks of `pass_frames`, computed
-    from the chunk bounds (forward: the start's chunk to the last; reverse: the start's chunk
-    down to 0, none from frame 0)."""
-    if direction == "reverse":
-        return list(range(plan.chunk_of(start), -1, -1)) if start > 0 else []
-    if start >= plan.num_frames:
-        return []
-    return list(range(plan.chunk_of(start), plan.num_chunks))
+def parse_window(text: str) -> tuple[int, int | None]:
+    """ "A:B" (frames A..B-1, as Python's range), "A:" (to the end) or ":B" -> (A, B or None)."""
+    a, sep, b = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        lo = int(a) if a.strip() else 0
+        hi = int(b) if b.strip() else None
+    except ValueError:
+        raise ValueError(f"--frames must be A:B, A: or :B (frame numbers), got {text!r}") from None
+    return lo, hi

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from segpipe import log
 from segpipe.errors import DamagedStore, SegpipeError
-from segpipe.plan import ChunkPlan, pass_chunks, passes, untracked_chunks
+from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.store.layout import TRACK_ARRAYS
 from segpipe.store.ledger import pass_stage
 from segpipe.store.lock import holds_store_lock
@@ -72,7 +72,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     plan = ChunkPlan(T, C)
     for d in passes(track["direction"]):
         _scan_pass(store, plan, track, d, is_done, found, redo)
-    for k in untracked_chunks(plan, track["direction"], track["start_frame"]):
+    for k in untracked_chunks(plan, track["direction"], Span.of(track, T)):
         if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
             redo.setdefault(UNTRACKED, set()).add(k)
     if store.array("prompt_masks") is not None and not _check(store, "prompt_masks", 0, found):
@@ -104,7 +104,7 @@ def _scan_pass(
     store: RunStore, plan: ChunkPlan, track: dict, d: str, is_done, found: list, redo: dict
 ) -> None:
     """Scan pass `d`: its prompted memory, and its done chunks' results and memory."""
-    stage, chunks = pass_stage(d), pass_chunks(plan, d, track["start_frame"])
+    stage, chunks = pass_stage(d), Span.of(track, plan.num_frames).chunks(plan, d)
     prefix = f"memory/{d}"
     if any(
         store.array(f"{prefix}/prompted_{n}") is not None

@@ -99,13 +99,20 @@ class Run:
 
     @staticmethod
     def _chunks(store: RunStore, indices: np.ndarray, slots: list[int]):
+        """Per store chunk, its frames of `indices` and their masks of `slots`: only the
+        frames asked for, read object by object (a zarr chunk holds one object), so a
+        read holds at most one zarr chunk beyond what it returns."""
         plan = store.plan
         chunk_of = indices // plan.chunk_size
         for k in dict.fromkeys(chunk_of.tolist()):
-            lo, hi = plan.bounds(k)
             wanted = indices[chunk_of == k]
-            data = store.read("masks", lo, hi)
-            yield wanted, data[wanted - lo][:, slots]
+            a, b = int(wanted.min()), int(wanted.max()) + 1
+            video = store.attrs["video"]
+            data = np.empty((b - a, len(slots), video["height"], video["width"]), bool)
+            for i, s in enumerate(slots):
+                data[:, i : i + 1] = store.read("masks", a, b, slice(s, s + 1))
+            in_order = len(wanted) == b - a and wanted[0] == a  # a..b-1, ascending
+            yield wanted, data if in_order else data[wanted - a]
 
     def mask(self, frame: int, object: int) -> np.ndarray:  # noqa: A002 - the API's word
         """(H, W) bool mask of one object on one frame."""

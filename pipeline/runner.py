@@ -20,7 +20,6 @@ from segpipe.stages.export.stage import OUTPUT_NAMES
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import drop, keep_setting, set_keep
-from segpipe.store.runstore import RunStore
 
 
 def run(
@@ -61,7 +60,6 @@ def run(
     # the model, checked and recorded (on Dask, every chunk encoded: the workers have
     # nothing else to do yet)
     encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
-    space.before_track(RunStore.open(store))
     exporting = ExportsAsTracked(
         store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f]) for f in exports], cluster
     )
@@ -72,6 +70,7 @@ def run(
         on_commit=exporting.committed,
         batch_size=encoding["batch_size"],
         cluster=cluster,
+        space=space,
         **tracking,
     )
     exporting.finish(quiet)

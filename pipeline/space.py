@@ -111,8 +111,7 @@ def check(
         present = disk_usage(store_path)[1]
     need = max(0, est.bytes_for(stages, keep) - present)
     free, where = free_bytes(store_path)
-    for line in est.lines():
-        log.info(line, quiet)
+    log.info(est.summary(), quiet)
     held = (
         f" (--keep masks: frames and features {RESIDENT_CHUNKS} chunks at a time)"
         if keep == "masks"
@@ -134,8 +133,8 @@ def check(
 
 class SpaceGuard:
     """The estimate and the free-space check of one command, made once, just before the
-    first stage that has work writes anything (decode and encode call it; `run` calls
-    `before_track` itself when decode and encode had nothing to do).
+    first stage that has work writes anything (decode, encode and track call it: track
+    when decode and encode had nothing to do).
 
     `stages`: the stages the command runs ("decode", "encode", "track"), whose groups the
     check counts; `later`: what the later stages will use; `keep`: the retention the

@@ -20,7 +20,7 @@ import statistics
 import time
 
 from segpipe import estimate, space
-from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, passes
+from segpipe.plan import ChunkPlan, Span, passes
 from segpipe.store import lock
 from segpipe.store.ledger import pass_stage
 from segpipe.store.runstore import RunStore
@@ -29,7 +29,7 @@ RATE_WINDOW = 16  # commits
 
 
 def describe(store_path, now: float | None = None) -> dict:
-    store = RunStore.open(store_path)
+    store = RunStore.open(store_path, read_only=True)
     attrs = store.attrs
     T = attrs.get("frame_count")
     C = attrs["chunk_size"]
@@ -90,14 +90,14 @@ def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> t
         orders["decode"] = (range(len(store.ledger("decode").done())), lambda k: C, claimed)
     track = attrs.get("track")
     if track:
-        start = track["start_frame"]
+        span = Span.of(track, T)
         for d in passes(track["direction"]):
-            chunks = pass_chunks(ChunkPlan(T, C), d, start)
+            chunks = span.chunks(ChunkPlan(T, C), d)
             stages[pass_stage(d)] = {"done": store.pass_ledger(d).count(), "total": len(chunks)}
             orders[pass_stage(d)] = (
                 chunks,
-                _pass_frames(plan, d, start),
-                pass_frame_count_in(d, start, 0, T),
+                _pass_frames(plan, d, span),
+                span.count_in(d, 0, T),
             )
     return stages, orders
 
@@ -129,8 +129,8 @@ def _size(plan: ChunkPlan, k: int) -> int:
     return hi - lo
 
 
-def _pass_frames(plan: ChunkPlan, direction: str, start: int):
-    return lambda k: pass_frame_count_in(direction, start, *plan.bounds(k))
+def _pass_frames(plan: ChunkPlan, direction: str, span: Span):
+    return lambda k: span.count_in(direction, *plan.bounds(k))
 
 
 def stalled_after(interval: float) -> float:

@@ -7,7 +7,6 @@ are held (the one being filled and the one being written).
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def open_or_create_store(
             if space is not None:
                 space.before_decode(None, video, info, C, S)
             log.info(f"decode: starting over ({mismatch.message})")
-            shutil.rmtree(store_path)
+            RunStore.remove(store_path)
         else:
             if space is not None and "frame_count" not in store.attrs:
                 space.before_decode(

@@ -29,7 +29,13 @@ from segpipe.model import (
     trained_size,
 )
 from segpipe.plan import ChunkPlan
-from segpipe.store.features import LEVELS, memory_format, storage_dtype, to_storage
+from segpipe.store.features import (
+    LEVELS,
+    level_array,
+    memory_format,
+    storage_dtype,
+    to_storage,
+)
 from segpipe.store.layout import require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import drop, has, keep_setting, restored
@@ -237,26 +243,13 @@ class FramesOnDisk:
 
 
 def write_features(store: RunStore, k: int, levels, kinds) -> None:
-    """Write chunk k's levels and commit it (the arrays are made with the first chunk:
-    shapes are known once the model has produced them)."""
-    plan = store.plan
-    lo, hi = plan.bounds(k)
-    for name, feats, (layout, computed, stored) in zip(LEVELS, levels, kinds):
-        arr = store.array(name)
-        if arr is None:
-            arr = store.create_array(
-                name,
-                (plan.num_frames, *feats.shape[1:]),
-                (plan.chunk_size, *feats.shape[1:]),
-                feats.dtype,
-                compress=False,
-                attributes={
-                    "embedding_dtype": stored,
-                    "torch_dtype": computed,
-                    "memory_format": layout,
-                },
-            )
-        arr[lo:hi] = feats
+    """Write chunk k's levels and commit it. A level's array is made by the first chunk
+    written that finds it missing (its shape, dtype and layout are known once the model has
+    produced them), the same whoever makes it (`level_array`): a kill between the levels
+    leaves some made, and the next chunk makes the others."""
+    lo, hi = store.plan.bounds(k)
+    for name, feats, kind in zip(LEVELS, levels, kinds):
+        level_array(store, name, feats.shape[1:], feats.dtype, kind)[lo:hi] = feats
     store.commit(STAGE, k, list(LEVELS))
     restored(store, "features", k)
     if keep_setting(store) == "masks":

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import make_sample  # noqa: E402
 
-IMAGE_SIZE = 256
+IMAGE_SIZE = 128  # SAM 2 at 128: every property tested holds at any size, 4x cheaper
 SEED = 0
 
 

@@ -18,7 +18,6 @@ import zarr
 from PIL import Image
 
 from segpipe import prompts as prompt_file
-from segpipe.model import Weights, autocast, build_model
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -33,6 +32,81 @@ class Oracle:
     seconds: float = 0.0  # spent in propagate_in_video (frames are encoded there)
 
 
+OFFICIAL_CONFIGS = {"sam2.1_hiera_t": "configs/sam2.1/sam2.1_hiera_t.yaml"}
+_BUILT: dict = {}
+
+
+def sam2_predictor(model: str, image_size: int, seed: int | None = None, checkpoint=None):
+    """SAM 2's `SAM2VideoPredictor`, built with `sam2.build_sam.build_sam2_video_predictor`
+    itself (nothing of segpipe's: not its builder, not its memory cast): seeded random
+    weights (`torch.manual_seed(seed)` before the build), or a checkpoint's (segpipe_tiny's
+    config is SAM 2's own format, composed from its file). One per arguments per process."""
+    key = (model, image_size, seed, str(checkpoint))
+    if key in _BUILT:
+        return _BUILT[key]
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    from sam2.build_sam import build_sam2_video_predictor
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    build = dict(
+        ckpt_path=None if checkpoint is None else str(checkpoint),
+        device="cpu",
+        hydra_overrides_extra=[f"++model.image_size={image_size}"],
+    )
+    if model in OFFICIAL_CONFIGS:
+        predictor = build_sam2_video_predictor(OFFICIAL_CONFIGS[model], **build)
+    else:  # a config of ours, in SAM 2's format: Hydra pointed at its folder for the build
+        folder = Path(__file__).resolve().parents[1] / "pipeline" / "configs"
+        sam2s = get_gh_backup()  # the sam2 package's Hydra, put back after
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(folder), version_base="1.2"):
+                predictor = build_sam2_video_predictor(f"{model}.yaml", **build)
+        finally:
+            restore_gh_from_backup(sam2s)
+    _BUILT[key] = predictor
+    return predictor
+
+
+def store_predictor(attrs) -> object:
+    """The oracle's predictor for a store's model (its name, size and weights); for a store
+    not encoded yet, the tests' usual model: SAM 2.1 tiny with seed-0 random weights."""
+    model = attrs.get("model") or {"name": "sam2.1_hiera_t", "weights": {"random_seed": 0}}
+    weights = model["weights"]
+    checkpoint = None
+    if weights.get("random_seed") is None:
+        from segpipe.model import SHIPPED
+
+        checkpoint = SHIPPED[model["name"]][1]
+    return sam2_predictor(
+        model["name"], attrs["image_size"], weights.get("random_seed"), checkpoint
+    )
+
+
+def memory_cast(predictor):
+    """The documented workaround, applied to the oracle only where SAM 2 crashes without it
+    (`oracle_tracking`): a memory made only of bfloat16 mask memories (an object tracked
+    before its first prompt) is cast to float32 features' dtype, outside autocast. Returns
+    the hook's handle (`.remove()`)."""
+
+    def cast(_module, args, kwargs):
+        memory, curr = kwargs.get("memory"), kwargs.get("curr")
+        if (
+            memory is not None
+            and curr
+            and memory.dtype == torch.bfloat16
+            and curr[0].dtype == torch.float32
+            and not torch.is_autocast_enabled(curr[0].device.type)
+        ):
+            kwargs["memory"] = memory.to(torch.float32)
+        return args, kwargs
+
+    return predictor.memory_attention.register_forward_pre_hook(cast, with_kwargs=True)
+
+
 def oracle_tracking(
     store_path,
     prompts_path,
@@ -40,13 +114,16 @@ def oracle_tracking(
     video_dir=None,
     precision: str = "float32",
     directions=("forward", "reverse"),
+    arguments: dict | None = None,
 ) -> Oracle:
     """ "forward" and "reverse" each from a fresh state with all prompts added up front, and
     "both" (reverse before the earliest prompt, forward from it on). Masks are what
     `propagate_in_video` yields; scores are read from the predictor's own state after it.
     With `video_dir` (a JPEG folder) SAM 2 loads that folder itself, as `init_state` does,
     instead of the store's frames. `precision="bfloat16"` runs it all under bfloat16
-    autocast, SAM 2's documented GPU usage (here on the CPU)."""
+    autocast, SAM 2's documented GPU usage (here on the CPU). `arguments`, per direction, are
+    more keyword arguments of `propagate_in_video` (`start_frame_idx`,
+    `max_frame_num_to_track`)."""
     group = zarr.open_group(str(store_path), mode="r")
     attrs = group.attrs
     frames = group["frames"][...]
@@ -54,14 +131,31 @@ def oracle_tracking(
     prompts = prompt_file.load(prompts_path, T, W, H)
     ids = prompt_file.object_ids(prompts)
     if predictor is None:
-        predictor = build_model(
-            "sam2.1_hiera_t",
-            attrs["image_size"],
-            Weights(random_seed=attrs["model"]["weights"]["random_seed"]),
-        )
+        predictor = store_predictor(attrs)
+        try:
+            return _track(
+                predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
+            )
+        except RuntimeError as e:  # SAM 2 crashes here without the documented cast
+            if "dtype" not in str(e):
+                raise
+        handle = memory_cast(predictor)
+        try:
+            return _track(
+                predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
+            )
+        finally:
+            handle.remove()
+    return _track(
+        predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
+    )
+
+
+def _track(predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments):
+    T, H, W = attrs["frame_count"], attrs["video"]["height"], attrs["video"]["width"]
     masks, scores = {}, {}
     seconds = 0.0  # in propagate_in_video, for benchmarks
-    with tempfile.TemporaryDirectory() as tmp, autocast(predictor.device.type, precision):
+    with tempfile.TemporaryDirectory() as tmp, _autocast(predictor.device.type, precision):
         if video_dir is None:
             for t, frame in enumerate(frames):
                 Image.fromarray(frame).save(Path(tmp) / f"{t:05d}.jpg", format="PNG")
@@ -87,7 +181,7 @@ def oracle_tracking(
             began = time.perf_counter()
             with torch.inference_mode():
                 for t, obj_ids, video_res in predictor.propagate_in_video(
-                    state, reverse=direction == "reverse"
+                    state, reverse=direction == "reverse", **(arguments or {}).get(direction, {})
                 ):
                     assert list(obj_ids) == ids
                     m[t] = (video_res[:, 0] > 0.0).cpu().numpy()
@@ -107,6 +201,11 @@ def oracle_tracking(
         if len(result) == 2:
             result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
     return Oracle(masks, scores, seconds)
+
+
+def _autocast(device_type: str, precision: str):
+    """SAM 2's GPU usage: everything under bfloat16 autocast (`precision="bfloat16"`)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

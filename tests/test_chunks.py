@@ -41,13 +41,26 @@ def test_bad_plans():
         ChunkPlan(10, 4).bounds(3)
 
 
+def sam2_order(T, start_frame_idx, max_frame_num_to_track, reverse):
+    """The processing order of SAM 2's `propagate_in_video` (sam2 1.1.0), written out."""
+    if reverse:
+        end = max(start_frame_idx - max_frame_num_to_track, 0)
+        return list(range(start_frame_idx, end - 1, -1)) if start_frame_idx > 0 else []
+    end = min(start_frame_idx + max_frame_num_to_track, T - 1)
+    return list(range(start_frame_idx, end + 1))
+
+
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 @pytest.mark.parametrize("start", [0, 5, 13])
-def test_pass_frames_in_a_chunk_match_the_whole_pass(direction, start):
-    from segpipe.plan import pass_frames, pass_frames_in
+@pytest.mark.parametrize("window", [(0, 14), (0, 6), (5, 6), (3, 11), (9, 14)])
+def test_pass_frames_in_a_chunk_match_the_whole_pass(direction, start, window):
+    from segpipe.plan import Span
 
     plan = ChunkPlan(14, 4)
-    whole = pass_frames(direction, start, 14)
+    span = Span(start, *window)
+    whole = span.frames(direction)
+    assert whole == sam2_order(14, **span.sam2_arguments(direction))
+    assert all(window[0] <= f < window[1] for f in whole)
     for k in plan:
         lo, hi = plan.bounds(k)
-        assert pass_frames_in(direction, start, lo, hi) == [f for f in whole if lo <= f < hi]
+        assert span.frames_in(direction, lo, hi) == [f for f in whole if lo <= f < hi]

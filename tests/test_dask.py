@@ -532,3 +532,160 @@ def test_segpipes_local_workers_run_without_dasks_malloc_trim_threshold():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "{None}", proc.stdout
+
+
+# A Dask worker preload (`distributed.worker.preload`) for the test below: the first time a
+# task on this worker finds `features/levelN` (RACE_LEVEL) missing, it waits (a few seconds
+# at most) for a task on the other worker to find it missing too; the second to arrive then
+# looks on after the first had time to create it. This forces the interleaving of a race
+# two tasks making the same array could only sometimes hit, every time; `arrived/` tells
+# how many tasks ever found the array missing.
+RACE_PRELOAD = """
+import os, time
+from pathlib import Path
+
+from segpipe.store.runstore import RunStore
+
+MEET, LEVEL = Path(os.environ["RACE_DIR"]), os.environ["RACE_LEVEL"]
+look, waited = getattr(RunStore, "race_look", RunStore.array), []  # reloaded: the first
+
+
+def array(self, name):
+    found = look(self, name)
+    if found is None and name == LEVEL and not waited:
+        waited.append(True)
+        (MEET / "arrived" / str(os.getpid())).touch()
+        try:
+            os.close(os.open(MEET / "first", os.O_CREAT | os.O_EXCL))
+            first = True
+        except FileExistsError:
+            first = False
+        deadline = time.monotonic() + 8
+        while len(os.listdir(MEET / "arrived")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not first:
+            time.sleep(1.5)  # the first has made the array meanwhile
+    return found
+
+
+if not hasattr(RunStore, "race_look"):  # Dask may import a preload more than once
+    RunStore.race_look, RunStore.array = look, array
+"""
+
+
+class Killed(BaseException):
+    """What a kill -9 at that point leaves: nothing after it runs."""
+
+
+def test_resume_after_a_kill_between_the_feature_levels_on_two_workers(
+    small, tmp_path, monkeypatch
+):
+    """A single-process encode killed after making `features/level0` (and writing its chunk
+    0) but before making level1: `encode --workers 2` on that store, and on one where
+    level0 is gone while level1 and level2 exist. However the tasks' timing falls (the
+    preload above makes two tasks find the missing level missing together, whenever the
+    client lets them), the command ends in the single-process encode's store, bit for bit,
+    and only one task ever finds a level missing: the client sends a chunk alone until
+    every level exists."""
+    from segpipe.stages.encode import encode
+    from segpipe.store.features import LEVELS
+    from segpipe.store.runstore import RunStore
+
+    decoded = tmp_path / "decoded.zarr"
+    decode = ("decode", small / "clip.mp4", "--store", decoded, "--chunk-size", 8)
+    segpipe(*decode, "--image-size", 128, "--quiet", check=True, timeout=300)  # 3 chunks
+    reference = tmp_path / "reference.zarr"
+    shutil.copytree(decoded, reference)
+    segpipe("encode", "--store", reference, "--random-weights", 0, check=True, timeout=300)
+
+    def killed_at(store: Path, where: str, name: str) -> None:
+        real = getattr(RunStore, where)
+
+        def cut(self, arg, *a, **kw):
+            if arg == name:
+                raise Killed
+            return real(self, arg, *a, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(RunStore, where, cut)
+            with pytest.raises(Killed):
+                encode(store, random_weights=0, quiet=True)
+
+    preload = tmp_path / "race_preload.py"
+    preload.write_text(RACE_PRELOAD)
+    for case, missing, present in (
+        ("level0_only", LEVELS[1], [True, False, False]),
+        ("level0_gone", LEVELS[0], [False, True, True]),
+    ):
+        store = tmp_path / f"{case}.zarr"
+        shutil.copytree(decoded, store)
+        if case == "level0_only":  # made, its chunk 0 written; killed making level1
+            killed_at(store, "create_array", LEVELS[1])
+        else:  # every level made and chunk 0 written, killed before its commit; level0 lost
+            killed_at(store, "commit", "encode")
+            shutil.rmtree(store / LEVELS[0])
+        assert [RunStore.open(store).array(n) is not None for n in LEVELS] == present
+        meet = tmp_path / f"meet-{case}"
+        (meet / "arrived").mkdir(parents=True)
+        env = {
+            "DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(preload)]),
+            "RACE_DIR": str(meet),
+            "RACE_LEVEL": missing,
+        }
+        args = ("encode", "--store", store, "--random-weights", 0, "--workers", 2)
+        proc = segpipe(*args, env=env, timeout=300)
+        assert proc.returncode == 0, (case, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert_same_store(reference, store)
+        assert len(os.listdir(meet / "arrived")) == 1, case  # the first chunk went alone
+
+
+def test_a_feature_level_is_made_alike_by_whichever_task_makes_it(tmp_path, monkeypatch):
+    """`level_array`, as two encode tasks side by side call it on a level neither found: the
+    one that makes it second (it looked before the first made it, and zarr then refuses to
+    make it again) uses the first's array, unchanged; an array that exists otherwise than
+    this encode makes it is refused in one line. In process, on a real store."""
+    import numpy as np
+
+    from segpipe.errors import StoreMismatch
+    from segpipe.store.features import LEVELS, level_array
+    from segpipe.store.runstore import RunStore
+
+    path = tmp_path / "clip.zarr"
+    RunStore.create(path, {"frame_count": 6, "chunk_size": 4})
+    kind = ("contiguous", "float32", "float32")
+    winner, loser = RunStore.open(path), RunStore.open(path)
+    name = LEVELS[1]
+    looked = loser.array(name)  # the loser looks first: nothing yet
+    assert looked is None
+    level_array(winner, name, (2, 3), np.float32, kind)[0:4] = 1.0
+    made = (path / name / "zarr.json").read_bytes()
+    real, seen = RunStore.array, []
+
+    def stale(self, n):  # the loser's look, as it was before the winner made the array
+        seen.append(n)
+        return looked if len(seen) == 1 else real(self, n)
+
+    monkeypatch.setattr(RunStore, "array", stale)
+    arr = level_array(loser, name, (2, 3), np.float32, kind)
+    monkeypatch.undo()
+    assert len(seen) == 2  # it tried to make the array, and took the winner's
+    arr[4:6] = 2.0
+    assert (path / name / "zarr.json").read_bytes() == made
+    again = RunStore.open(path).array(name)
+    assert again.shape == (6, 2, 3) and again.chunks == (4, 2, 3)
+    assert np.array_equal(again[...], np.repeat([1.0, 1.0, 1.0, 1.0, 2.0, 2.0], 6).reshape(6, 2, 3))
+    assert dict(again.attrs) == {
+        "embedding_dtype": "float32",
+        "torch_dtype": "float32",
+        "memory_format": "contiguous",
+    }
+    for shape, dtype, other in (
+        ((2, 4), np.float32, kind),
+        ((2, 3), np.float16, kind),
+        ((2, 3), np.float32, ("channels_last", "float32", "float32")),
+    ):
+        with pytest.raises(
+            StoreMismatch, match=f"{name} is float32 .6, 2, 3. in chunks .4, 2, 3. "
+        ):
+            level_array(RunStore.open(path), name, shape, dtype, other)

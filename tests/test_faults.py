@@ -266,3 +266,65 @@ def test_damaged_chunks_are_detected_and_repaired(small, reference, tmp_path):
     assert_same_store(reference, store, skip=("ledger/export",), skip_attrs=("exports",))
     proc = segpipe("repair", "--store", store, check=True)
     assert "no damage found" in proc.stderr
+
+
+KILL_AT_UNLINK = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.at_unlink(int(sys.argv[1]))
+kill_points.cli(sys.argv[2:])
+"""
+
+
+def reset_cases(small, store: Path, tmp_path: Path) -> dict:
+    """The commands that start something over on a finished run's store: new prompts (the
+    tracking goes), new settings with --force (the whole store goes), an export with new
+    settings (its records and files go)."""
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({"prompts": entries}))
+    base = list(run_args(small, store))
+    prompts = base.copy()
+    prompts[prompts.index("--prompts") + 1] = two
+    force = base.copy()
+    force[force.index("--chunk-size") + 1] = "3"
+    folder = store.with_name(store.name.removesuffix(".zarr") + ".export") / "davis"
+    export = ["export", "--store", store, "--format", "davis", "--out", folder]
+    return {
+        "new prompts": prompts,
+        "--force": [*force, "--force"],
+        "new export settings": [*export, "--objects", "1,2", "--force"],
+    }
+
+
+@pytest.mark.parametrize("case", ["new prompts", "--force", "new export settings"])
+def test_kill_9_in_the_middle_of_a_reset_then_rerun(small, reference, tmp_path, case):
+    """A reset removes what it starts over (ledgers, arrays, the whole store, an export's
+    files). kill -9 after the first few files of a removal are gone (the process kills
+    itself at its 4th unlink; folders listed with their zarr.json first, as some file
+    systems list them), then the same command again: the store and exports equal the same
+    command run uninterrupted. A half-removed node (its zarr.json gone, chunk files left)
+    used to read as absent: later resets skipped it and the ledger counted its old
+    done-records; a half-removed store was refused as "not a segpipe store"."""
+    stores = {}
+    for name in ("killed", "straight"):
+        root = tmp_path / name
+        root.mkdir()
+        stores[name] = shutil.copytree(reference, root / "run.zarr")
+        shutil.copytree(reference.with_name("run.export"), root / "run.export")
+    killed = reset_cases(small, stores["killed"], tmp_path / "killed")
+    straight = reset_cases(small, stores["straight"], tmp_path / "straight")
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT_UNLINK, "4", *map(str, killed[case])],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # the kill landed mid-removal
+    segpipe(*killed[case], "--quiet", check=True)
+    segpipe(*straight[case], "--quiet", check=True)
+    assert_same_store(stores["straight"], stores["killed"])
+    assert export_files(stores["killed"]) == export_files(stores["straight"])
+    assert not any(p.name.endswith(".trash") for p in (tmp_path / "killed").iterdir())

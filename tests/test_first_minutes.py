@@ -4,7 +4,7 @@ where it says it."""
 import re
 from pathlib import Path
 
-from conftest import assert_user_error, run_args, segpipe
+from conftest import assert_user_error, run_args, segpipe, tree_digest
 
 
 def test_version():
@@ -366,7 +366,22 @@ def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(sm
         r"^(decode|encode|track \w+|export \S+): \d+(/\d+)? frames \(\d+\.\d s\)$"
     )
     plain = [line for line in proc.stderr.splitlines() if stage_line.match(line)]
-    assert [line.split(":")[0] for line in plain] == ["decode", "track forward", "track reverse"]
+    # encoding has its line too (the chunks are encoded as the passes reach them)
+    assert sorted(line.split(":")[0] for line in plain) == [
+        "decode",
+        "encode",
+        "track forward",
+        "track reverse",
+    ], proc.stderr
+    # the estimate: two lines (its figures, then what this command writes), before the work
+    estimate = [line for line in proc.stderr.splitlines() if "estimate" in line or "writes" in line]
+    assert len(estimate) == 2 and estimate[0].startswith("storage estimate: total "), estimate
+    assert proc.stderr.index("storage estimate") < proc.stderr.index("decode:")
+    # a rerun on the finished store writes nothing and prints no estimate
+    rerun = segpipe(*run_args(small, store))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "estimate" not in rerun.stderr and "writes up to" not in rerun.stderr, rerun.stderr
+    assert not any(stage_line.match(line) for line in rerun.stderr.splitlines()), rerun.stderr
     again = tmp_path / "q.zarr"
     quiet = segpipe(
         *run_args(small, again),
@@ -451,3 +466,107 @@ def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_p
     assert report["running"] is None
     assert [o["id"] for o in report["objects"]] == [1, 2, 3]
     assert report["exports"]["davis"]["complete"] is True
+
+
+def help_examples(command: str | None) -> list[str]:
+    """The example commands of `segpipe [command] --help`, continuation lines joined."""
+    text = segpipe(*([command] if command else []), "--help", check=True).stdout
+    block = text.split("Example", 1)[1].split("\n\n", 1)[0]
+    joined = re.sub(r"\\\n\s*", " ", block)
+    return [line.strip() for line in joined.splitlines() if line.strip().startswith("segpipe ")]
+
+
+def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
+    """Each command's --help example, copied into a shell in a folder holding the sample clip
+    (clip.mp4, prompts.json) and the same clip as a DAVIS-style dataset, runs as written
+    with the shipped model (none needs a checkpoint or a cluster address): in pipeline
+    order, in one folder, as a new user types them one after the other (the later ones
+    work on the store the earlier ones made)."""
+    import os
+    import subprocess
+    import sys
+
+    import make_sample
+    import numpy as np
+    from PIL import Image
+
+    frames, masks = make_sample.make_clip(num_frames=12, width=160, height=120)
+    make_sample.write_video(tmp_path / "clip.mp4", frames)
+    make_sample.write_prompts(tmp_path, masks, frames=(0, 2, 4))
+    images = tmp_path / "DAVIS" / "JPEGImages" / "480p" / "clip"
+    notes = tmp_path / "DAVIS" / "Annotations" / "480p" / "clip"
+    images.mkdir(parents=True)
+    notes.mkdir(parents=True)
+    for t, frame in enumerate(frames):
+        Image.fromarray(frame).save(images / f"{t:05d}.jpg", quality=95)
+        ids = np.zeros(masks.shape[2:], np.uint8)
+        for o in (2, 1, 0):
+            ids[masks[t, o]] = o + 1
+        png = Image.fromarray(ids, mode="L").convert("P")
+        png.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * 756)
+        png.save(notes / f"{t:05d}.png")
+    (tmp_path / "val.txt").write_text("clip\n")
+
+    order = ["decode", "encode", "track", "export", "run", "frame", "dataset"]
+    order += ["repair", "status", "evaluate", None]
+    from segpipe.cli import cli
+
+    assert set(cli.commands) == set(order) - {None}  # every command's example is run
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = 0
+    for command in order:
+        examples = help_examples(command)
+        assert examples, command
+        for line in examples:
+            assert "..." not in line and "tcp://" not in line and ".pt" not in line, line
+            proc = subprocess.run(
+                ["bash", "-e", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
+            )
+            assert proc.returncode == 0, (line, proc.stderr[-2000:])
+            assert "Traceback" not in proc.stderr, line
+            ran += 1
+    assert ran >= 18
+    assert len(list((tmp_path / "clip_davis").glob("*.png"))) == 12
+    assert (tmp_path / "clip_overlay.mp4").stat().st_size > 0
+    assert len(list((tmp_path / "out" / "clip").glob("*.png"))) == 12
+
+
+def test_an_hf_name_without_the_network_is_refused_in_one_line_at_once(small, tmp_path):
+    """An `hf:` checkpoint that is not cached, on a machine that cannot reach the hub (here
+    an endpoint on a closed loopback port, and an empty cache): one line at once, not six
+    lines of huggingface_hub's retries over 24 s; nothing written."""
+    store = tmp_path / "s.zarr"
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    proc = segpipe(
+        "run",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--checkpoint",
+        "hf:facebook/sam2.1-hiera-tiny",
+        env=env,
+    )
+    assert_user_error(proc, "not in the Hugging Face cache", "cannot be reached", "--checkpoint")
+    assert "Retrying" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not store.exists()
+
+
+def test_a_bad_tracking_window_is_refused_in_one_line(small, tmp_path):
+    """`--frames` is checked against the video and the passes before anything changes."""
+    store = tmp_path / "s.zarr"
+    args = list(run_args(small, store))
+    prompts = args.index("--prompts")
+    del args[prompts : prompts + 2]
+    segpipe(*args, "--quiet", check=True)  # decoded and encoded, not tracked
+    before = tree_digest(store)
+    track = ("track", "--store", store, "--prompts", small / "prompts.json")
+    for frames, extra, words in (
+        ("30:40", (), ("--frames starts at frame 30", "0..23")),
+        ("6:6", (), ("holds no frame",)),
+        ("a:b", (), ("--frames must be A:B",)),
+        ("0:4", ("--direction", "forward"), ("no forward pass", "frame 5")),
+        ("20:", ("--direction", "reverse"), ("no reverse pass",)),
+        ("6:20", ("--direction", "forward", "--object-start", "own"), ("--object-start own",)),
+    ):
+        assert_user_error(segpipe(*track, "--frames", frames, *extra), *words)
+        assert tree_digest(store) == before, frames

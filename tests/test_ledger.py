@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
-from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames, pass_frames_in
+from segpipe.plan import ChunkPlan, Span
 from segpipe.store.layout import reset_from
 from segpipe.store.ledger import DONE_RECORD
 from segpipe.store.runstore import RunStore
@@ -163,11 +163,13 @@ def test_ledger_written_in_one_assignment_reads_complete(store):
     assert ledger.count() == 900 and ledger.todo(range(1000)) == list(range(100))
 
 
-def old_pass_chunks(plan, direction, start):
-    """The frame-listing definition `pass_chunks` replaced."""
-    return list(
-        dict.fromkeys(plan.chunk_of(f) for f in pass_frames(direction, start, plan.num_frames))
-    )
+def frame_chunks(plan, direction, span):
+    """The chunks of the pass's frames, listed frame by frame (what `Span.chunks` computes)."""
+    return list(dict.fromkeys(plan.chunk_of(f) for f in span.frames(direction)))
+
+
+def chunks_of(plan, direction, span):
+    return span.chunks(plan, direction)
 
 
 def outcome(fn, *args):
@@ -184,13 +186,19 @@ def test_pass_chunks_equal_the_frame_definition(direction):
         for C in (1, 2, 3, 4, 8, 16, 40):
             plan = ChunkPlan(T, C)
             for start in range(-2, T + 3):
-                want = outcome(old_pass_chunks, plan, direction, start)
-                assert outcome(pass_chunks, plan, direction, start) == want, (T, C, start)
-                cases += 1
+                for window in {(0, T), (0, T // 2), (T // 3, T), (T // 3, T // 3 + 2)}:
+                    if window[0] >= window[1] or window[1] > T:
+                        continue
+                    span = Span(start, *window)
+                    want = outcome(frame_chunks, plan, direction, span)
+                    assert outcome(chunks_of, plan, direction, span) == want, (T, C, span)
+                    cases += 1
     assert cases > 1000
-    assert pass_chunks(ChunkPlan(20, 4), "reverse", 0) == []
-    assert pass_chunks(ChunkPlan(20, 4), "reverse", 9) == [2, 1, 0]
-    assert pass_chunks(ChunkPlan(20, 4), "forward", 9) == [2, 3, 4]
+    assert Span.whole(0, 20).chunks(ChunkPlan(20, 4), "reverse") == []
+    assert Span.whole(9, 20).chunks(ChunkPlan(20, 4), "reverse") == [2, 1, 0]
+    assert Span.whole(9, 20).chunks(ChunkPlan(20, 4), "forward") == [2, 3, 4]
+    assert Span(9, 5, 14).chunks(ChunkPlan(20, 4), "forward") == [2, 3]
+    assert Span(9, 5, 14).chunks(ChunkPlan(20, 4), "reverse") == [2, 1]
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
@@ -198,11 +206,13 @@ def test_pass_frame_count_in_equals_the_frames(direction):
     for T, C in ((14, 4), (9, 1), (17, 8), (5, 32)):
         plan = ChunkPlan(T, C)
         for start in range(T):
-            for k in plan:
-                lo, hi = plan.bounds(k)
-                assert pass_frame_count_in(direction, start, lo, hi) == len(
-                    pass_frames_in(direction, start, lo, hi)
-                ), (T, C, start, k)
+            for window in ((0, T), (1, T - 1), (T // 2, T // 2 + 1)):
+                span = Span(start, *window)
+                for k in plan:
+                    lo, hi = plan.bounds(k)
+                    assert span.count_in(direction, lo, hi) == len(
+                        span.frames_in(direction, lo, hi)
+                    ), (T, C, span, k)
 
 
 # -- vis-json assembly --------------------------------------------------------------------

@@ -5,6 +5,8 @@ import json
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -271,3 +273,33 @@ def test_a_keep_masks_store_is_not_run_on_dask(small, keep_masks, tmp_path):
     ):
         assert_user_error(segpipe(*args), "--keep masks", "--workers")
     assert tree_digest(store) == before and not (tmp_path / "new.zarr").exists()
+
+
+KILL_MID_FEATURE_WRITE = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.mid_write("/features/level0/", nth=3)
+kill_points.cli(sys.argv[1:])
+"""
+
+
+def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, tmp_path):
+    """zarr writes each chunk file as `<file>.<random>.partial` and renames it: a kill in
+    the middle of writing a chunk of features (up to 512 MB at 1024) leaves that temp file.
+    The rerun's commit of the chunk removes it; no `.partial` is left in the store, and it
+    is not counted as held."""
+    store = tmp_path / "run.zarr"
+    args = [*map(str, run_args(small, store)), "--keep", "masks"]
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_MID_FEATURE_WRITE, *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert list(store.glob("features/**/*.partial")), "the kill landed mid-write"
+    segpipe(*args, "--quiet", check=True)
+    assert list(store.rglob("*.partial")) == []
+    assert_same_results(keep_all, store)

@@ -75,11 +75,10 @@ def test_shipped_model_segments_the_objects(tracked):
 
 
 def test_shipped_model_tracks_bit_identical_to_sam2(tracked):
-    from segpipe.model import build_model, resolve_weights
-
+    """Against SAM 2's predictor built by SAM 2's own builder from the shipped config and
+    checkpoint (`oracle.sam2_predictor`)."""
     root, store, _ = tracked
-    predictor = build_model("segpipe_tiny", SIZE, resolve_weights("segpipe_tiny", None, None))
-    oracle = oracle_tracking(store, root / "prompts.json", predictor)  # "both" from the two
+    oracle = oracle_tracking(store, root / "prompts.json")  # "both" from the two
     masks, scores = read_checked(store, "masks"), read_checked(store, "object_scores")
     assert all(masks[:, o].any() and not masks[:, o].all() for o in range(masks.shape[1]))
     assert np.array_equal(masks, oracle.masks["both"])

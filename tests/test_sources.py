@@ -388,7 +388,7 @@ def test_a_jpeg_folder_tracks_bit_identically_to_sam2(jpeg_folder, tmp_path, pre
         "--quiet",
         check=True,
     )
-    expected = oracle_tracking(store, prompts, predictor, video_dir=folder)
+    expected = oracle_tracking(store, prompts, video_dir=folder)
     group = stored(store)
     assert group.attrs["video"]["kind"] == "frames" and group.attrs["frame_count"] == 14
     for direction in ("forward", "reverse"):

@@ -9,7 +9,6 @@ import sys
 import make_sample
 import numpy as np
 import pytest
-import tomllib
 import zarr
 from conftest import ROOT, assert_user_error, segpipe, tree_digest
 
@@ -178,11 +177,41 @@ def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(
         assert str(store / "ledger" / "decode" / "c") in after  # the entry's own name
 
 
-def test_zarr_is_pinned_to_atomic_writes():
-    """zarr writes chunks as temp-file-and-rename from 3.1.3 on."""
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "zarr>=3.1.3,<4" in deps
-    assert tuple(int(v) for v in zarr.__version__.split(".")[:3]) >= (3, 1, 3)
+KILL_MID_CHUNK_WRITE = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+from segpipe.store.runstore import RunStore
+
+kill_points.mid_write("/a/")
+k = int(sys.argv[2])
+RunStore.open(sys.argv[1]).array("a")[k * 4 : k * 4 + 4] = 2
+"""
+
+
+def test_a_kill_mid_chunk_write_leaves_the_old_chunk_or_none(tmp_path):
+    """zarr (3.1.3 on) writes a chunk file whole or not at all: a temp file, renamed over
+    the chunk. A process killed halfway through writing a chunk's bytes leaves the chunk
+    as it was (rewritten: the old values, checksum valid) or absent (new), never torn."""
+    from segpipe.errors import DamagedStore
+
+    path = tmp_path / "s.zarr"
+    store = RunStore.create(path, {"chunk_size": 4})
+    store.create_array("a", (8, 64), (4, 64), "uint8")
+    store.array("a")[0:4] = 1  # chunk 0 exists; chunk 1 does not
+    for chunk in (0, 1):
+        proc = subprocess.run(
+            [sys.executable, "-c", KILL_MID_CHUNK_WRITE, str(path), str(chunk)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == -9, proc.stderr  # killed inside the write
+        assert list(path.glob("a/c/**/*.partial")), "the kill landed mid-write"
+    store = RunStore.open(path)
+    assert (store.read("a", 0, 4) == 1).all()  # the old chunk, whole
+    with pytest.raises(DamagedStore, match="missing"):
+        store.read("a", 4, 8)  # never written: absent, not torn
 
 
 # -- one writer per store ------------------------------------------------------------------
@@ -286,6 +315,60 @@ def test_work_started_from_python_takes_the_lock(decoded, clip_dir):
     shutil.rmtree(decoded.parent / "out", ignore_errors=True)
 
 
+def test_the_lock_file_goes_when_the_work_ends(decoded, clip_dir):
+    """No `.s.zarr.lock` is left beside a store after a command, done or failed; one refused
+    because another process holds the lock leaves the holder's file as it was."""
+    lock = decoded.with_name(f".{decoded.name}.lock")
+    assert not lock.exists()  # the decode that made it
+    failed = segpipe("track", "--store", decoded)  # fails inside the lock: not encoded
+    assert_user_error(failed, "not encoded")
+    assert not lock.exists()
+    holder = hold_lock(decoded)
+    try:
+        record = lock.read_text()
+        refused = segpipe("decode", clip_dir / "clip.mp4", "--store", decoded, "--force")
+        assert_user_error(refused, "in use by", f"pid {holder.pid}")
+        assert lock.read_text() == record
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock.exists()  # a killed holder's file stays: stale, taken over (and then removed)
+    segpipe("decode", clip_dir / "clip.mp4", "--store", decoded, "--quiet", check=True)
+    assert not lock.exists()
+
+
+def test_asking_who_holds_the_lock_never_refuses_a_writer(decoded):
+    """`holder` (status) and `check_lease` (every Dask write) ask who holds the lock without
+    taking it: a writer taking the lock at that moment is never refused. Two threads loop:
+    one takes and releases the lock, one asks; no refusal."""
+    import threading
+
+    from segpipe.store.lock import holder, store_lock
+
+    refusals, asked, rounds = [], [0], 3000
+    stop = threading.Event()
+
+    def ask():
+        while not stop.is_set():
+            holder(decoded)
+            asked[0] += 1
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    try:
+        for _ in range(rounds):
+            try:
+                with store_lock(decoded):
+                    pass
+            except StoreLocked as e:
+                refusals.append(str(e))
+    finally:
+        stop.set()
+        thread.join()
+    assert asked[0] > rounds // 10, asked  # the two really overlapped
+    assert refusals == [], f"{len(refusals)} of {rounds}: {refusals[0]}"
+
+
 def test_a_stale_lease_refuses_every_write_to_the_store(tmp_path):
     """A store opened under a Dask task's lease (`RunStore.open(path, lease=token)`) checks
     the lease inside zarr's own store, before every write: chunks, new arrays, metadata,
@@ -319,3 +402,25 @@ def test_a_stale_lease_refuses_every_write_to_the_store(tmp_path):
                 write()
             assert tree_digest(path) == before, what
     assert RunStore.open(path).read("a", 0, 4).tolist() == [[1, 1, 1]] * 4
+
+
+def test_the_groups_zarr_makes_above_a_new_array_are_made_durable(tmp_path, monkeypatch):
+    """zarr writes `ledger/zarr.json` (and `memory/`, `memory/forward/`, ...) when it creates
+    an array below them. Each is fsynced with the array's own metadata and the directory
+    entries: after a power loss an empty group file would hide every array under it."""
+    fsynced = []
+    real = os.fsync
+
+    def recording(fd):
+        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    path = tmp_path / "s.zarr"
+    store = RunStore.create(path, {"chunk_size": 4})
+    monkeypatch.setattr(os, "fsync", recording)
+    store.create_array("memory/forward/prompted_frame", (4,), (4,), "int64")
+    store.ledger("decode").mark_done(0)
+    for group in ("memory", "memory/forward", "ledger"):
+        assert str(path / group / "zarr.json") in fsynced, (group, fsynced)
+    for folder in ("memory", "memory/forward", "ledger", ""):
+        assert str(path / folder).rstrip("/") in fsynced, folder  # their entries too

@@ -80,7 +80,7 @@ def copy_of(stores, chunk_size, tmp_path):
 
 @pytest.fixture(scope="module")
 def oracle(stores, clip_dir, predictor):
-    return oracle_tracking(stores[CHUNK_SIZES[0]], clip_dir / "prompts.json", predictor)
+    return oracle_tracking(stores[CHUNK_SIZES[0]], clip_dir / "prompts.json")
 
 
 def assert_matches_oracle(store, oracle, direction, label=""):
@@ -111,8 +111,12 @@ def test_oracle_scores_cover_exactly_the_tracked_frames(oracle):
         assert len(np.unique(scores[expected])) > T // 2  # real logits, not a constant
 
 
-@pytest.mark.parametrize("direction", ["both", "forward", "reverse"])
-@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+# every chunk size once, every direction at least once: a pass's chunks do not depend on
+# the direction setting (the reverse-only and forward-only passes are the passes of both)
+CASES = [(1, "both"), (3, "forward"), (7, "reverse"), (16, "both"), (64, "both")]
+
+
+@pytest.mark.parametrize("chunk_size, direction", CASES)
 def test_masks_bit_identical_to_sam2(
     stores, oracle, clip_dir, predictor, chunk_size, direction, tmp_path
 ):
@@ -133,6 +137,56 @@ def test_masks_bit_identical_to_sam2(
         "reverse": np.arange(T) <= 9,
     }[direction]
     assert np.array_equal(tracked, expected)
+
+
+# (direction, window, chunk size): each window's passes as SAM 2's propagate_in_video
+# arguments, written out by hand from `track --frames`'s documented meaning (prompts on
+# frames 9, 14, 20; forward from max(A, 9) to B-1, reverse from min(B-1, 9) down to A)
+WINDOWS = [
+    ("forward", (12, 30), 7, {"forward": dict(start_frame_idx=12, max_frame_num_to_track=17)}),
+    ("forward", (0, 17), 3, {"forward": dict(start_frame_idx=9, max_frame_num_to_track=7)}),
+    ("reverse", (3, 30), 7, {"reverse": dict(start_frame_idx=9, max_frame_num_to_track=6)}),
+    ("reverse", (2, 6), 3, {"reverse": dict(start_frame_idx=5, max_frame_num_to_track=3)}),
+    (
+        "both",
+        (5, 25),
+        3,
+        {
+            "forward": dict(start_frame_idx=9, max_frame_num_to_track=15),
+            "reverse": dict(start_frame_idx=9, max_frame_num_to_track=4),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("direction, window, chunk_size, arguments", WINDOWS)
+def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
+    stores, clip_dir, predictor, direction, window, chunk_size, arguments, tmp_path
+):
+    store = copy_of(stores, chunk_size, tmp_path)
+    lo, hi = window
+    track(
+        store,
+        clip_dir / "prompts.json",
+        direction,
+        quiet=True,
+        predictor=predictor,
+        frames=f"{lo}:{hi}",
+    )
+    want = oracle_tracking(
+        stores[CHUNK_SIZES[0]],
+        clip_dir / "prompts.json",
+        directions=list(arguments),
+        arguments=arguments,
+    )
+    assert_matches_oracle(store, want, direction, window)
+    tracked = read_checked(store, "tracked")
+    assert tracked.any() and not tracked[:lo].any() and not tracked[hi:].any()
+    assert RunStore.open(store).attrs["track"]["frames"] == [lo, hi]
+    # a second track without --frames resumes the same window: nothing to do
+    before = tree_digest(store)
+    track(store, None, quiet=True, predictor=predictor)
+    assert tree_digest(store) == before
 
 
 def test_masks_in_bands_of_rows_are_the_same(
@@ -210,7 +264,7 @@ def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, pr
     calls.close()
     assert calls.count == 0
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [7, 1]
-    assert_matches_oracle(store, oracle_tracking(store, second, predictor), "both", "re-prompted")
+    assert_matches_oracle(store, oracle_tracking(store, second), "both", "re-prompted")
     before = tree_digest(store)
     track(store, second, quiet=True, predictor=predictor)  # finished: a no-op
     assert tree_digest(store) == before
@@ -229,6 +283,43 @@ def test_sam2_itself_crashes_without_the_memory_cast(stores, clip_dir):
     )
     with pytest.raises(RuntimeError, match="dtype"):
         oracle_tracking(stores[64], clip_dir / "prompts.json", raw)
+
+
+def test_the_memory_cast_changes_nothing_where_sam2_does_not_crash(
+    stores, clip_dir, predictor, tmp_path
+):
+    """segpipe always installs the memory cast; the oracle applies it only where SAM 2
+    crashes without it. Where SAM 2 does not crash (every object prompted on the first
+    tracked frame), SAM 2 with and without the cast, and segpipe, agree bit for bit."""
+    from oracle import memory_cast, sam2_predictor
+
+    masks = np.load(clip_dir / "masks.npy")
+    entries = []
+    for o in range(3):
+        ys, xs = np.nonzero(masks[9, o])
+        entries.append(
+            {
+                "object": o + 1,
+                "frame": 9,
+                "points": [[float(xs.mean()), float(ys.mean())]],
+                "labels": [1],
+            }
+        )
+    prompts = tmp_path / "first.json"
+    prompts.write_text(json.dumps({"prompts": entries}))
+    sam2 = sam2_predictor("sam2.1_hiera_t", IMAGE_SIZE, seed=0)
+    plain = oracle_tracking(stores[64], prompts, sam2, directions=["forward"])
+    handle = memory_cast(sam2)
+    try:
+        cast = oracle_tracking(stores[64], prompts, sam2, directions=["forward"])
+    finally:
+        handle.remove()
+    assert plain.masks["forward"].any()
+    assert np.array_equal(plain.masks["forward"], cast.masks["forward"])
+    assert same_bits(plain.scores["forward"], cast.scores["forward"])
+    store = copy_of(stores, 7, tmp_path)
+    track(store, prompts, "forward", quiet=True, predictor=predictor)
+    assert_matches_oracle(store, plain, "forward", "no crash")
 
 
 BAD_PROMPTS = {

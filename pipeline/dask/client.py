@@ -23,9 +23,10 @@ from pathlib import Path
 from segpipe import interrupt, log
 from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_task
 from segpipe.errors import BadInput, SegpipeError
-from segpipe.plan import pass_chunks, pass_frame_count_in
+from segpipe.plan import Span
 from segpipe.store.retention import keep_setting, refuse_on_dask
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 POLL = 0.25  # seconds between looks at the futures (and, while tracking, at the ledgers)
 
 
@@ -62,9 +63,11 @@ def connect(
             from segpipe.store.lock import store_lock
 
             stack.enter_context(store_lock(store))
+        threads = worker_threads()  # before a local cluster's nanny touches os.environ
         client = stack.enter_context(_client(workers, scheduler))
-        cluster = Cluster(client, worker_threads())
+        cluster = Cluster(client, threads)
         cluster.check(device, store, paths)
+        cluster.check_bits()
         log.info(
             f"dask: {cluster.size} workers ({cluster.device}); "
             f"dashboard {_dashboard(client, workers)}",
@@ -88,6 +91,11 @@ def worker_threads() -> int:
     return torch.get_num_threads()
 
 
+def _thread_environment() -> str:
+    said = ", ".join(f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ)
+    return said or "none set"
+
+
 def absolute(checkpoint: str | None) -> str | None:
     """A checkpoint path as the workers must get it: absolute (theirs is not the client's
     working directory); an hf: name as it is."""
@@ -104,29 +112,35 @@ def _client(workers: int | None, scheduler: str | None):
     if workers is not None:
         import dask
 
+        _quiet_resource_tracker()
         # Dask's port where the dashboard can be served (bokeh), else any free one (its
         # HTTP server still runs: health and metrics)
         dashboard = ":8787" if importlib.util.find_spec("bokeh") else ":0"
         # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536: glibc then gives
         # back and faults in again the image encoder's buffers, a chunk encoded 40% slower
-        # (3.75 s against 2.66 s for 16 frames at 256 here); segpipe's workers go without it
+        # (3.75 s against 2.66 s for 16 frames at 256 here); segpipe's workers go without it.
+        # And with OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's): the nanny also writes those
+        # into this process's os.environ, so the client's thread count read after it was 1
+        # where a single-process run uses the cores. The workers start with this process's
+        # thread environment instead: its values where set, else unset (None: not set).
         environ = {
-            k: v
+            k: (os.environ.get(k) if k in THREAD_VARIABLES else v)
             for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
             if k != "MALLOC_TRIM_THRESHOLD_"
         }
-        with (
-            dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
-            LocalCluster(
-                n_workers=workers,
-                threads_per_worker=1,
-                processes=True,
-                silence_logs=logging.ERROR,
-                dashboard_address=dashboard,
-            ) as local,
-            Client(local) as client,
-        ):
-            yield client
+        with ExitStack() as stack:
+            stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ}))
+            with _sigint_ignored():  # inherited by the workers: see there
+                local = stack.enter_context(
+                    LocalCluster(
+                        n_workers=workers,
+                        threads_per_worker=1,
+                        processes=True,
+                        silence_logs=logging.ERROR,
+                        dashboard_address=dashboard,
+                    )
+                )
+            yield stack.enter_context(Client(local))
         return
     try:
         client = Client(scheduler)  # within Dask's connect timeout (its config: 30 s)
@@ -141,6 +155,38 @@ def _client(workers: int | None, scheduler: str | None):
         except TimeoutError:
             raise BadInput(f"the Dask scheduler at {scheduler} has no workers") from None
         yield client
+
+
+@contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while the local workers start, so they inherit it ignored (Python keeps
+    an ignored SIGINT so): a Ctrl-C at a terminal reaches the whole process group, and the
+    workers would each print a KeyboardInterrupt traceback. The client alone handles it
+    (`segpipe.interrupt`: the chunks in flight finish) and then shuts the workers down."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _quiet_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a process started with the local cluster's first
+    semaphore, with this interpreter's -W options) warns, after a kill -9 or a Ctrl-C of
+    the command, that it cleans up "leaked semaphore objects": it does clean them up, and
+    the user sees noise after a clean exit. Its warnings are ignored; must run before the
+    tracker starts."""
+    import sys
+
+    option = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if option not in sys.warnoptions:
+        sys.warnoptions.append(option)
 
 
 def _dashboard(client, workers: int | None) -> str:
@@ -183,6 +229,48 @@ class Cluster:
                 f"give --device, or use workers alike"
             )
         self.device, self.size = devices.pop(), len(seen)
+        self.workers = sorted(seen)
+
+    def check_bits(self) -> None:
+        """On CPU workers: each computes SAM 2's image encoder as this process does
+        (`model.thread_probe`, run as a task at the client's thread count), else refuse in
+        one line: its masks would not be those of the single-process run."""
+        if self.device != "cpu":
+            return
+        import uuid
+
+        import torch
+
+        from segpipe.dask.tasks import probe_task
+        from segpipe.model import thread_probe
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            mine = thread_probe()
+        finally:
+            torch.set_num_threads(before)
+        workers = self.workers
+        futures = [
+            self.client.submit(
+                probe_task,
+                self.threads,
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+                key=f"probe-{n}-{uuid.uuid4().hex}",
+            )
+            for n, w in enumerate(workers)
+        ]
+        for worker, (digest, environ) in zip(workers, self.client.gather(futures)):
+            if digest != mine:
+                said = ", ".join(f"{k}={v}" for k, v in environ.items() if v is not None)
+                raise BadInput(
+                    f"Dask worker {worker} computes other bits than this process at "
+                    f"{self.threads} torch threads (its thread environment: {said or 'none set'}"
+                    f"; here: {_thread_environment()}): start the workers with this "
+                    f"process's OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS"
+                )
 
     def work(self, store, checkpoint: str | None, device: str, batch_size: int = 1):
         """The settings every task on `store` carries (`tasks.Work`)."""
@@ -247,8 +335,11 @@ class Cluster:
     # -- the units of work, sent and watched --------------------------------------------
 
     def encode(self, store, chunks: list[int], work: Work, quiet: bool) -> None:
-        """Encode `chunks`, one task each. Where the feature arrays do not exist yet, the first
-        chunk goes alone: its task makes them (their dtypes and layouts are the model's)."""
+        """Encode `chunks`, one task each. Where any of the feature arrays does not exist yet
+        (none, or some: a kill between making the levels), the first chunk goes alone: its
+        task makes every missing one (their dtypes and layouts are the model's), so tasks
+        side by side only ever write into arrays that exist. (A task making one is harmless
+        anyway: `features.level_array`.)"""
         from segpipe.stages.encode import STAGE
         from segpipe.store.features import LEVELS
 
@@ -264,7 +355,7 @@ class Cluster:
             def done(k):
                 bar.update(size[k])
 
-            first = chunks[:1] if store.array(LEVELS[0]) is None else []
+            first = chunks[:1] if any(store.array(n) is None for n in LEVELS) else []
             for batch in (first, chunks[len(first) :]):
                 self.wait(
                     [self.submit(encode_task, path, k, work, key=f"encode-{k}") for k in batch],
@@ -280,10 +371,12 @@ class Cluster:
 
         refuse_on_dask(keep_setting(store), store.path)
         settings = store.attrs["track"]
-        start = settings["start_frame"]
         plan = store.plan
-        todo = pass_todo(store, plan, pending, start)
-        missing = ChunkSupply.missing(store, todo)
+        span = Span.of(settings, plan.num_frames)
+        todo = pass_todo(store, plan, pending, span)
+        anew = any(todo[d] and todo[d][0] == span.chunks(plan, d)[0] for d in todo)
+        prompts = {plan.chunk_of(e["frame"]) for e in settings["prompts"]} if anew else ()
+        missing = ChunkSupply.missing(store, todo, prompts)
         if missing:
             log.info(
                 f"track: {log.count(len(missing), 'chunk', 'has')} no features yet: encoding them "
@@ -292,10 +385,8 @@ class Cluster:
             )
             self.encode(store, missing, work, quiet)
         for d in pending:
-            store.pass_ledger(d).reserve(max(pass_chunks(plan, d, start)) + 1)
-        frames = {
-            d: {k: pass_frame_count_in(d, start, *plan.bounds(k)) for k in todo[d]} for d in pending
-        }
+            store.pass_ledger(d).reserve(max(span.chunks(plan, d)) + 1)
+        frames = {d: {k: span.count_in(d, *plan.bounds(k)) for k in todo[d]} for d in pending}
         seen = {d: set() for d in pending}
         # the start's chunk, when both passes still have to write it: reverse waits (see above)
         shared = set(todo.get("forward", ())) & set(todo.get("reverse", ()))

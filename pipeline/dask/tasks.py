@@ -3,10 +3,13 @@
 Encode chunks, tracking passes, export chunks and dataset videos are independent once the
 client has made what they share: the settings and arrays (recorded and created by the
 stage, on the client, before anything is sent) and the ledgers' size (`Ledger.reserve`:
-growing a ledger rewrites its metadata, which two workers must not do at once). A task
-takes paths and a few settings, never arrays; it writes whole zarr chunks and commits each
-chunk itself after its data, exactly as the single-process code (which it runs) does, so
-a task cut short by a dead worker is simply run again and resumes from the ledger. Each
+growing a ledger rewrites its metadata, which two workers must not do at once). The feature
+arrays alone are made by a task, their dtypes and layouts being the model's: the first encode
+chunk goes alone while any level is missing (`Cluster.encode`), and a level is made alike
+by whichever task makes it, a task that loses a race to make it using the winner's
+(`features.level_array`). A task takes paths and a few settings, never arrays; it writes
+whole zarr chunks and commits each chunk itself after its data, exactly as the
+single-process code (which it runs) does, so a task cut short by a dead worker is simply run again and resumes from the ledger. Each
 write to the store first checks the task's lease on it (`runstore.LeasedFiles`,
 inside zarr's own store): a task outliving its client writes nothing for the run that took
 over. A worker builds each model once and keeps it (`MODELS`).
@@ -34,6 +37,20 @@ class Work:
     device: str
     batch_size: int
     threads: int  # torch threads (`client.worker_threads`)
+
+
+def probe_task(threads: int) -> tuple[str, dict]:
+    """The worker's `model.thread_probe` at the client's thread count, run as a task (in the
+    thread tasks run in), and its thread environment, for the refusal message."""
+    import os
+
+    import torch
+
+    from segpipe.model import thread_probe
+
+    torch.set_num_threads(threads)
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    return thread_probe(), {k: os.environ.get(k) for k in names}
 
 
 MODELS = None  # this worker's predictors (`model.Models`), made with the first task

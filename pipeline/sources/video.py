@@ -148,12 +148,14 @@ def iter_frames(
     source up again (resumed decode, repair, overlay export). A frame folder is indexed.
 
     `before_pts` is the stored pts of frame start-1 and `is_before` tells whether a decoded
-    picture is that stored frame. A seek is used only when it is proven to have landed at or
-    before that frame: the decoder must output a frame with exactly that pts which
-    `is_before` recognises (pts can repeat: MPEG-TS pieces joined together) before anything
-    is yielded. Seeks that land late are retried further back, and as a last resort (or
-    without pts) the stream is decoded from the start, skipping `start` frames by count and
-    checking frame start-1's pts. Frames already stored are never shifted.
+    picture is that stored frame. A seek is used only when it is proven to have landed on a
+    keyframe at or before that frame: the decoder's first frame must be a keyframe (what
+    follows it then decodes as in a straight decode), and it must output a frame with
+    exactly that pts which `is_before` recognises (pts can repeat: MPEG-TS pieces joined
+    together) before anything is yielded. Seeks that land late (MPEG-TS, AVI with B-frames,
+    open GOPs) are retried further back, and as a last resort (or without pts) the stream is
+    decoded from the start, skipping `start` frames by count and checking frame start-1's
+    pts. Frames already stored are never shifted.
 
     `rotation` is the rotation recorded for the source: a frame that reports another one
     is refused rather than stored sideways."""
@@ -221,7 +223,8 @@ def _seek_frames(
     is_before,
 ):
     """A generator positioned just after the frame with pts `before_pts`, or None when a
-    seek `back_s` seconds before it does not provably land at or before that frame."""
+    seek `back_s` seconds before it does not provably land on a keyframe at or before that
+    frame."""
     container, stream = open_video(path, stream_index)
     found = False
     try:
@@ -231,7 +234,9 @@ def _seek_frames(
         except av.FFmpegError:
             return None  # not seekable: decode from the start
         frames = _decode(container, stream)
-        for frame in frames:
+        for n, frame in enumerate(frames):
+            if n == 0 and not frame.key_frame:
+                return None  # not on a keyframe: the frames after may lack their references
             if frame.pts is None or frame.pts > before_pts:
                 return None  # landed late, or no pts to prove the position with
             if frame.pts == before_pts:

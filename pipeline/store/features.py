@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import zarr
+from zarr.errors import ContainsArrayError, ContainsGroupError
 
+from segpipe.errors import StoreMismatch
 from segpipe.store.runstore import RunStore
 
 
@@ -20,6 +23,49 @@ def level_kind(store: RunStore, name: str) -> tuple[str, torch.dtype, str]:
 
 
 LEVELS = ("features/level0", "features/level1", "features/level2")
+
+
+def level_array(
+    store: RunStore, name: str, frame_shape: tuple, dtype, kind: tuple[str, str, str]
+) -> zarr.Array:
+    """The array of level `name` (a frame's `frame_shape`, `dtype`; `kind`: its layout, the
+    dtype SAM 2 computed it in and its stored dtype), made where it is missing. Made the same
+    way whoever makes it, so any order of encode tasks (Dask workers side by side, a rerun
+    after a kill between the levels) ends in the same array: one that exists as this encode
+    would make it is used as it is, and a task that loses a race to make it (zarr's
+    `ContainsArrayError`: made between this look and the create) uses the winner's. One that
+    exists otherwise is refused in one line."""
+    plan = store.plan
+    shape = (plan.num_frames, *frame_shape)
+    chunks = (plan.chunk_size, *frame_shape)
+    layout, computed, stored = kind
+    attributes = {"embedding_dtype": stored, "torch_dtype": computed, "memory_format": layout}
+    arr = store.array(name)
+    if arr is None:
+        try:
+            return store.create_array(
+                name, shape, chunks, dtype, compress=False, attributes=attributes
+            )
+        except ContainsArrayError:  # another task made it meanwhile: the same array
+            arr = store.array(name)
+        except ContainsGroupError:
+            raise StoreMismatch(
+                f"store {store.path}: {name} is a group, not the array encode writes; use a "
+                f"new --store"
+            ) from None
+    want = _described(shape, chunks, np.dtype(dtype), attributes)
+    have = _described(arr.shape, arr.chunks, arr.dtype, {k: arr.attrs.get(k) for k in attributes})
+    if have != want:
+        raise StoreMismatch(
+            f"store {store.path}: {name} is {have}, not {want} as this encode writes it; "
+            f"use a new --store"
+        )
+    return arr
+
+
+def _described(shape, chunks, dtype, attributes: dict) -> str:
+    kinds = ", ".join(f"{k} {v}" for k, v in attributes.items())
+    return f"{dtype} {tuple(shape)} in chunks {tuple(chunks)} ({kinds})"
 
 
 def storage_dtype(computed: torch.dtype, embedding_dtype: str, precision: str) -> str:

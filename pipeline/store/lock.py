@@ -1,10 +1,14 @@
 """One writer per store: an advisory lock file beside the store, `.<store name>.lock`.
 
-The lock is an `flock` held for the life of the process, so the kernel drops it when the
+The lock is an open-file-description lock (`fcntl`'s `F_OFD_SETLK`, like `flock` tied to
+the open file, not to the process) held while the work runs, so the kernel drops it when the
 holder dies (kill -9, OOM, power loss): a lock file left behind is stale and is taken over.
-The file records who holds it (pid, host, start time) for the refusal message. It lives
-beside the store, not in it, so it can be taken before a new store is created. The path is
-resolved first, so a symlink or a relative path to the store finds the same lock.
+Who holds it is asked with `F_OFD_GETLK`, which takes nothing, so asking never makes a writer
+that tries at that moment fail. The file records who holds it (pid, host, start time) for the
+refusal message, and is removed when the lock is released (unlinked while still locked; a
+writer that locked a file since unlinked tries again on the new one). It lives beside the
+store, not in it, so it can be taken before a new store is created. The path is resolved
+first, so a symlink or a relative path to the store finds the same lock.
 
 Every stage takes the lock itself (`holds_store_lock`), so work started from Python is
 guarded like work started from the CLI. The lock is re-entrant for the thread that holds it
@@ -22,12 +26,14 @@ the lock changed hands (a check and the write after it are not one step).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import inspect
 import json
 import os
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -65,20 +71,61 @@ def store_lock(store: Path):
         with _guard:
             _held[path][1] -= 1
             if _held[path][1] == 0:
-                os.close(_held.pop(path)[0])  # releases the flock
+                _release(path, _held.pop(path)[0])
+
+
+# struct flock (Linux): l_type, l_whence, l_start, l_len, l_pid, in native alignment
+_FLOCK = "@hhqqi4x"
+
+
+def _lock_request(kind: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, 0, 0, 0)
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the whole file's write lock on `fd`'s open file description, if nobody holds it."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _lock_request(fcntl.F_WRLCK))
+        return True
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _is_locked(fd: int) -> bool:
+    """Whether another open file description holds a lock on the file (taking nothing)."""
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _lock_request(fcntl.F_WRLCK))
+    return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+def _release(path: Path, fd: int) -> None:
+    """Remove the lock file, then release the lock (closing the file): a writer that locked
+    the file in between finds it unlinked and tries again (`_acquire`)."""
+    try:
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)
 
 
 def _acquire(path: Path, store: Path, token: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise StoreLocked(
-            f"store {store} is in use by {holder}; wait for it to finish (one writer per store)"
-        ) from None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not _try_lock(fd):
+            holder = _holder(fd)
+            os.close(fd)
+            raise StoreLocked(
+                f"store {store} is in use by {holder}; wait for it to finish (one writer per store)"
+            )
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break  # the file at the path now: ours
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # its holder removed it as we locked it: try the new one
     info = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -89,7 +136,7 @@ def _acquire(path: Path, store: Path, token: str) -> int:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
     except BaseException:  # a full disk, say: never keep a lock nobody will release
-        os.close(fd)
+        _release(path, fd)
         raise
     return fd
 
@@ -104,10 +151,10 @@ def check_lease(store: Path, token: str) -> None:
     """Raise `StoreLocked` unless `store`'s lock is held (by another process: the client)
     and names `token`."""
     path = lock_path(store)
-    if not path.exists():
+    if not path.exists() and not Path(store).exists():  # (the lock goes when its run ends)
         raise StoreLocked(
-            f"store {store} is not visible here (no {path.name} beside it): "
-            f"Dask workers need the client's file system, shared"
+            f"store {store} is not visible here (no {path.name} beside it): Dask workers "
+            f"need the client's file system, shared"
         )
     holder = _probe(path)
     if holder is None or holder.get("token") != token:
@@ -119,24 +166,19 @@ def check_lease(store: Path, token: str) -> None:
 
 def holder(store: Path) -> dict | None:
     """Who holds `store`'s lock now (pid, host, started), None when no live process does:
-    the kernel drops a dead holder's flock, whatever its lock file says."""
+    the kernel drops a dead holder's lock, whatever its lock file says."""
     path = lock_path(store)
     return _probe(path) if path.exists() else None
 
 
 def _probe(path: Path) -> dict | None:
-    """The lock file's record while its lock is held, else None. Tried with a shared
-    flock: it is refused exactly while the lock is held, and released at once when not."""
+    """The lock file's record while its lock is held, else None (asked, not taken)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return None
-        except BlockingIOError:
-            return _info(fd)
+        return _info(fd) if _is_locked(fd) else None
     finally:
         os.close(fd)
 

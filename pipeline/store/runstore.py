@@ -19,7 +19,14 @@ from zarr.storage import LocalStore
 
 from segpipe import interrupt
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
-from segpipe.fsutil import fsync_entry, fsync_parents, fsync_path, fsync_path_dir, tree_bytes
+from segpipe.fsutil import (
+    empty_trash,
+    fsync_entry,
+    fsync_path,
+    fsync_path_dir,
+    remove_tree,
+    tree_bytes,
+)
 from segpipe.plan import ChunkPlan
 from segpipe.store.ledger import Ledger, pass_stage
 from segpipe.store.lock import check_lease
@@ -87,6 +94,8 @@ class RunStore:
                 f"version {SCHEMA_VERSION}: make a new store (a new --store, or "
                 f"delete {path}) and run the command again"
             )
+        if not read_only and lease is None:  # the writer: what a killed removal left
+            empty_trash(cls.trash_of(path))
         return cls(path, group)
 
     @classmethod
@@ -97,6 +106,7 @@ class RunStore:
             raise BadInput(f"store path {path} is a file, not a segpipe store directory")
         if path.exists() and any(path.iterdir()):
             raise BadInput(f"{path} exists and is not a segpipe store; choose another --store")
+        empty_trash(cls.trash_of(path))  # what a killed removal (decode --force) left
         all_attrs = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, **attrs}
         # One write of the group's zarr.json: the store exists with all its settings or not at all.
         group = zarr.create_group(str(path), attributes=all_attrs)
@@ -186,6 +196,10 @@ class RunStore:
             overwrite=overwrite,
             config={"write_empty_chunks": True},
         )
+        # the array's zarr.json, and those of the groups zarr made above it (`ledger/`,
+        # `memory/`, ...), whose loss would hide the array, each with its directory entries
+        for parent in [p for p in Path(name).parents if p != Path(".")]:
+            fsync_path(self.path / parent / "zarr.json")
         fsync_entry(self.path / name / "zarr.json", self.path)
         return arr
 
@@ -260,10 +274,28 @@ class RunStore:
             return ""
         return f" (zarr chunk {path.relative_to(self.path / name).as_posix()})"
 
+    @staticmethod
+    def trash_of(path) -> Path:
+        """Where removals go before they are deleted (`fsutil.remove_tree`): beside the
+        store, as its lock file is, so zarr never lists it and the store itself can go."""
+        path = Path(path).resolve()
+        return path.with_name(f".{path.name}.trash")
+
+    @classmethod
+    def remove(cls, path) -> None:
+        """Remove the whole store at `path` (decode --force), never leaving half a store."""
+        remove_tree(Path(path).resolve(), cls.trash_of(path))
+        empty_trash(cls.trash_of(path))
+
     def delete(self, name: str) -> None:
-        if name in self.group:
-            del self.group[name]
-            fsync_parents(self.path / name, self.path)  # the removal, durably
+        """Remove node `name` (an array or a group) atomically: it is there whole, or gone
+        with every file under it, whatever zarr made of it before (a folder without its
+        zarr.json goes too). The lease is checked first, as zarr checks it before a write."""
+        self.group.store._check_writable()
+        trash = self.trash_of(self.path)
+        empty_trash(trash)  # what a removal killed after its rename left
+        remove_tree(self.path / name, trash)
+        empty_trash(trash)
         for ledger in self._ledgers.values():  # a deleted ledger (or its folder) is read again
             if ledger.name == name or ledger.name.startswith(name.rstrip("/") + "/"):
                 ledger._done = None
@@ -296,10 +328,26 @@ class RunStore:
 
     def sync_chunk(self, arrays, chunk: int) -> None:
         """Make chunk `chunk` (along the first axis) of `arrays` durable, directory entries
-        included."""
+        included, first removing the temp files of writes killed in it (zarr writes each
+        chunk file as `<file>.<random>.partial`, renamed when complete: a kill mid-write
+        leaves one, up to a chunk of features, that nothing else would delete)."""
         for name in arrays:
+            self._remove_partials(name, chunk)
             fsync_path(self.path / name / "zarr.json")
             fsync_entry(self.path / name / "c" / str(chunk), self.path)
+
+    def _remove_partials(self, name: str, chunk: int) -> None:
+        folder = self.path / name / "c"
+        found = list(folder.glob(f"{chunk}.*.partial"))  # a 1-d array's chunk file
+        if (folder / str(chunk)).is_dir():
+            found += [
+                Path(root) / f
+                for root, _, files in os.walk(folder / str(chunk))
+                for f in files
+                if f.endswith(".partial")
+            ]
+        for path in found:
+            path.unlink(missing_ok=True)
 
     def commit(
         self, stage: str, chunk: int, arrays: list[str] = (), files: list[Path] = ()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from segpipe.errors import BadInput
+from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.sources.frames import frame_digests, model_input
 from segpipe.sources.identity import same_file
 from segpipe.sources.video import iter_frames
@@ -58,10 +58,13 @@ def stored_source(store: RunStore) -> Path:
 
 
 class SourceReader:
-    """The store's source, a range of frames at a time: a range that starts where the last
-    one ended reads on from the open decoder (the source is decoded once, however long the
-    video), any other is picked up again by `source_from`. The one way the stages read a
-    source again (decode's redecoding, the overlay export)."""
+    """The store's source, a range of frames at a time, each frame checked against the pts
+    stored for it: whichever ranges were read before and in whatever order, a range gives
+    the frames a straight decode gives. One that starts where the last one ended reads on
+    from the open decoder (the source is decoded once, however long the video); any other
+    is picked up again by `source_from` (a proven seek to a keyframe before it, or counting
+    from the start). The one way the stages read a source again (decode's redecoding, the
+    overlay export)."""
 
     def __init__(self, store: RunStore, video: Path):
         self.store, self.video = store, Path(video)
@@ -69,7 +72,9 @@ class SourceReader:
 
     def frames(self, lo: int, n: int):
         """(pts, seconds, picture) of frames lo..lo+n-1; `BadInput` if the source ends
-        before them."""
+        before them, `StoreMismatch` if a frame comes with another pts than the stored one
+        (the source no longer decodes as it did, or a seek landed wrong)."""
+        stored = self._stored_pts(lo, lo + n)
         if self._next != lo:
             self._frames = source_from(self.store, self.video, lo)
         self._next = None  # until this range is read whole
@@ -77,6 +82,22 @@ class SourceReader:
             frame = next(self._frames, None)
             if frame is None:
                 raise BadInput(f"the source video {self.video} ends before frame {t}")
+            pts = -1 if frame[0] is None else frame[0]  # as decode stores it
+            if stored is not None and t - lo < len(stored) and pts != stored[t - lo]:
+                self._frames = None
+                raise StoreMismatch(
+                    f"frame {t} of {self.video} comes with pts {pts}, but store "
+                    f"{self.store.path} has {stored[t - lo]} for it: the source does not "
+                    f"decode as it did when it was decoded into the store"
+                )
             if t == lo + n - 1:
                 self._next = lo + n  # the decoder stands at the next range
             yield frame
+
+    def _stored_pts(self, lo: int, hi: int):
+        """The stored pts of frames lo..hi-1; None where a chunk of them does not read back
+        (a repair is decoding it again: there is nothing to check against)."""
+        try:
+            return self.store.read("pts", lo, hi)
+        except DamagedStore:
+            return None

@@ -7,7 +7,7 @@ import math
 
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.plan import ChunkPlan, pass_chunks, passes
+from segpipe.plan import ChunkPlan, Span, passes
 from segpipe.store.runstore import RunStore
 
 OBJECT_STARTS = ("earliest", "own")
@@ -71,7 +71,7 @@ def require_tracked(store: RunStore) -> dict:
     T = store.attrs.get("frame_count")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     for d in passes(settings["direction"]):
-        if store.pass_ledger(d).count() < len(pass_chunks(plan, d, settings["start_frame"])):
+        if store.pass_ledger(d).count() < len(Span.of(settings, T).chunks(plan, d)):
             raise StoreNotReady(
                 f"store {store.path}: tracking is not finished (run `segpipe track`)"
             )

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from segpipe import log
-from segpipe.plan import pass_chunks, passes
+from segpipe.plan import Span, passes
 from segpipe.stages.export.stage import Export
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import stored_track
@@ -34,7 +34,7 @@ class ExportsAsTracked:
             track = stored_track(store)
             plan = store.plan
             self.visited = {
-                d: set(pass_chunks(plan, d, track["start_frame"]))
+                d: set(Span.of(track, plan.num_frames).chunks(plan, d))
                 for d in passes(track["direction"])
             }
             self.committed_chunks = {

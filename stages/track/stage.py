@@ -2,7 +2,9 @@
 
 Semantics are exactly `SAM2VideoPredictor` with all prompts added up front: the forward pass
 runs from the earliest prompted frame to the last frame, the reverse pass from it back to
-frame 0, each from a fresh state; masks are its outputs' logits above the score threshold.
+frame 0, each from a fresh state (within a tracking window, `frames`, as
+`propagate_in_video(start_frame_idx, max_frame_num_to_track)`: `plan.Span`); masks are its
+outputs' logits above the score threshold.
 With `object_start="own"` each object is tracked forward from its own first prompt, alone,
 as SAM 2's vos_inference tracks objects that appear later in a video. SAM 2's own methods do the work (`add_new_points_or_box`,
 `add_new_mask`, `propagate_in_video_preflight`, `_run_single_frame_inference`,
@@ -32,7 +34,7 @@ from segpipe.model import (
     resolve_weights,
     tracking_options,
 )
-from segpipe.plan import ChunkPlan, pass_chunks, passes, untracked_chunks
+from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
 from segpipe.stages.track.supply import ChunkSupply, pass_todo, say_cost
 from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
@@ -46,11 +48,11 @@ from segpipe.store.tracking import pick_options, stored_prompts, stored_settings
 DIRECTIONS = ("both", "forward", "reverse")
 
 
-def tracking_settings(prompts: list, direction: str, options: dict) -> dict:
+def tracking_settings(prompts: list, direction: str, options: dict, window=None) -> dict:
     """What the store records of a tracking (`track` attribute): changing any of it tracks
-    anew."""
+    anew. `window` ([lo, hi), `--frames`) is recorded only when it is not the whole video."""
     entries, _ = prompt_file.to_record(prompts)
-    return {
+    settings = {
         "prompts_sha256": prompt_file.digest(prompts),
         "direction": direction,
         "object_ids": prompt_file.object_ids(prompts),
@@ -58,6 +60,9 @@ def tracking_settings(prompts: list, direction: str, options: dict) -> dict:
         "prompts": entries,
         "options": options,
     }
+    if window is not None:
+        settings["frames"] = list(window)
+    return settings
 
 
 def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: bool) -> None:
@@ -89,7 +94,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
         ] = masks
         store.commit_array("prompt_masks")
     write_untracked(
-        store, untracked_chunks(ChunkPlan(T, C), settings["direction"], settings["start_frame"])
+        store, untracked_chunks(ChunkPlan(T, C), settings["direction"], Span.of(settings, T))
     )
     store.set_attrs(track=settings)
 
@@ -125,6 +130,8 @@ def track(
     on_commit=None,
     batch_size: int = 1,
     cluster=None,
+    frames=None,
+    space=None,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     prompts stored by the last track, resuming or repairing whatever is not done.
@@ -133,7 +140,14 @@ def track(
     called after each chunk a pass commits (`run` and the dataset command export it then).
     Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
     encoded as the passes reach them, in `batch_size` frames (see `supply`). With `cluster`
-    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`)."""
+    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`).
+
+    `frames` ((A, B), "A:B", "A:" or ":B"; None: the store's) is the tracking window, as
+    SAM 2's `propagate_in_video(start_frame_idx, max_frame_num_to_track)` takes it: frames
+    A..B-1 only, the forward pass from max(A, earliest prompt), the reverse pass from
+    min(B - 1, earliest prompt); prompts outside it still condition the tracking. `space`
+    (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is
+    work to do."""
     store = RunStore.open(store_path)
     direction, plan, spec, prompts = _track_inputs(store, prompts, direction)
     weights, seed = _embeddings_weights(store, spec, checkpoint)
@@ -148,9 +162,10 @@ def track(
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     _check_predictor(predictor, options)
-    settings = tracking_settings(prompts, direction, options)
+    window = _window(store, frames, prompts, direction, options)
+    settings = tracking_settings(prompts, direction, options, window)
     again = force or stored_settings(store) != settings  # then every chunk is tracked anew
-    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet)
+    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space)
     if not pending:
         sweep(store)
         log.info("track: already complete", quiet)
@@ -184,6 +199,43 @@ def _track_inputs(store: RunStore, prompts, direction: str | None):
         else prompt_file.load(prompts, T, video["width"], video["height"])
     )
     return direction, plan, spec, prompts
+
+
+def _window(store: RunStore, frames, prompts: list, direction: str, options: dict):
+    """The tracking window [lo, hi) asked for (None: the store's), checked against the video
+    and the passes; None when it is the whole video."""
+    T = store.attrs["frame_count"]
+    if frames is None:
+        frames = (store.attrs.get("track") or {}).get("frames")
+        if frames is None:
+            return None
+    if isinstance(frames, slice):
+        if frames.step not in (None, 1):
+            raise BadInput(f"a tracking window is frames A..B-1 in order, not {frames!r}")
+        frames = (frames.start or 0, frames.stop)
+    if isinstance(frames, str):
+        try:
+            frames = parse_window(frames)
+        except ValueError as e:
+            raise BadInput(str(e)) from None
+    lo, hi = frames
+    hi = T if hi is None else min(int(hi), T)
+    lo = int(lo)
+    if not 0 <= lo < T:
+        raise BadInput(f"--frames starts at frame {lo}, outside the video's frames 0..{T - 1}")
+    if hi <= lo:
+        raise BadInput(f"--frames {lo}:{hi} holds no frame (B must be greater than A)")
+    if (lo, hi) == (0, T):
+        return None
+    if options["object_start"] == "own":
+        raise BadInput("--frames cannot be combined with --object-start own")
+    span = Span(min(p.frame for p in prompts), lo, hi)
+    if not any(span.count_in(d, lo, hi) for d in passes(direction)):
+        raise BadInput(
+            f"--frames {lo}:{hi}: no {direction} pass from the earliest prompt "
+            f"(frame {span.start}) reaches those frames"
+        )
+    return [lo, hi]
 
 
 def _build_predictor(spec: dict, weights, device: str, options: dict):
@@ -228,22 +280,25 @@ def _prepare_passes(
     direction: str,
     again: bool,
     quiet: bool,
+    space=None,
 ) -> list[str]:
-    """Check the source is there if needed, `prepare` the tracking; the passes left to run."""
-    start = min(p.frame for p in prompts)
+    """Check the source is there if needed and the space, `prepare` the tracking; the passes
+    left to run."""
+    span = Span.of(settings, plan.num_frames)
     needed = {
-        d: pass_chunks(plan, d, start)
-        if again
-        else store.pass_ledger(d).todo(pass_chunks(plan, d, start))
+        d: span.chunks(plan, d) if again else store.pass_ledger(d).todo(span.chunks(plan, d))
         for d in passes(direction)
     }
-    if not set(ChunkSupply.missing(store, needed)) <= on_disk(store, "frames"):
+    anew = any(needed[d] and needed[d][0] == span.chunks(plan, d)[0] for d in needed)
+    prompted = {plan.chunk_of(p.frame) for p in prompts} if anew else set()  # then read
+    missing = ChunkSupply.missing(store, needed, prompted)
+    if not set(missing) <= on_disk(store, "frames"):
         stored_source(store)  # before anything changes: the source must be there
+    if space is not None and any(needed.values()):
+        space.before_track(store)
     prepare(store, prompts, settings, again, quiet)
     return [
-        d
-        for d in passes(direction)
-        if store.pass_ledger(d).count() < len(pass_chunks(plan, d, start))
+        d for d in passes(direction) if store.pass_ledger(d).count() < len(span.chunks(plan, d))
     ]
 
 
@@ -270,39 +325,43 @@ def run_passes(
     quiet: bool = False,
 ) -> None:
     """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
-    one after the other: in this process, or one pass per Dask task."""
-    settings = stored_settings(store)
-    direction, start = settings["direction"], settings["start_frame"]
+    one after the other: in this process, or one pass per Dask task. Chunks without features
+    are encoded as the passes reach them, with a bar of their own."""
     plan = store.plan
+    span = Span.of(stored_settings(store), plan.num_frames)
+    todo = pass_todo(store, plan, pending, span)
+    starts = {d: bool(todo[d]) and todo[d][0] == span.chunks(plan, d)[0] for d in todo}
+    prompt_chunks = sorted({plan.chunk_of(p.frame) for p in prompts})
+    missing = ChunkSupply.missing(store, todo, prompt_chunks if any(starts.values()) else ())
+    say_cost(store, plan, missing, quiet)
+    frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
+    with log.progress("encode", frames, quiet or not missing) as bar:
+        supply = ChunkSupply(store, predictor, todo, starts, prompt_chunks, batch_size, bar)
+        supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
+        for d in pending:
+            _track_pass(store, predictor, prompts, d, supply, span, on_commit, quiet)
+
+
+def _track_pass(store, predictor, prompts, d, supply, span, on_commit, quiet) -> None:
+    """Pass `d`, under the precision the embeddings were made in (SAM 2's GPU usage is
+    bfloat16 autocast)."""
+    settings = stored_settings(store)
     precision = store.attrs["model"]["precision"]
-    todo = pass_todo(store, plan, pending, start)
-    say_cost(store, plan, ChunkSupply.missing(store, todo), quiet)
-    starts = {d: bool(todo[d]) and todo[d][0] == pass_chunks(plan, d, start)[0] for d in todo}
-    supply = ChunkSupply(
-        store,
-        predictor,
-        todo,
-        starts,
-        sorted({plan.chunk_of(p.frame) for p in prompts}),
-        batch_size,
-    )
-    supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
     vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
     features = StoredFeatures(store, predictor.device, vision_pos)
-    for d in pending:
-        tracker = Tracker(
-            predictor,
-            store,
-            plan,
-            d,
-            prompts,
-            features,
-            maskmem_pos,
-            supply,
-            settings["options"],
-            on_commit,
-        )
-        # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
-        with autocast(predictor.device.type, precision), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
-            tracker.run(shown_by(direction, d, start), quiet)
+    tracker = Tracker(
+        predictor,
+        store,
+        store.plan,
+        d,
+        prompts,
+        features,
+        maskmem_pos,
+        supply,
+        span,
+        settings["options"],
+        on_commit,
+    )
+    with autocast(predictor.device.type, precision), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
+        tracker.run(shown_by(settings["direction"], d, span.start), quiet)

@@ -10,7 +10,7 @@ needs them (see `segpipe.store.retention`).
 from __future__ import annotations
 
 from segpipe import log
-from segpipe.plan import ChunkPlan, pass_chunks
+from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.encode import FramesOnDisk, encode_chunk
 from segpipe.store.retention import drop, has, keep_setting, on_disk
 from segpipe.store.runstore import RunStore
@@ -25,11 +25,13 @@ class ChunkSupply:
         starts: dict[str, bool],
         prompt_chunks: list[int],
         batch_size: int = 1,
+        bar=None,
     ):
         """`todo`: per pass still to run, the chunks it will track; `starts`: per pass,
         whether it starts from the prompts (then it reads the features of `prompt_chunks`,
-        the chunks of the prompted frames) rather than from a stored memory snapshot."""
-        self.store, self.predictor, self.batch_size = store, predictor, batch_size
+        the chunks of the prompted frames) rather than from a stored memory snapshot. `bar`
+        (a progress bar) counts the frames encoded."""
+        self.store, self.predictor, self.batch_size, self.bar = store, predictor, batch_size, bar
         self.keep = keep_setting(store)
         self.remaining = {d: set(chunks) for d, chunks in todo.items()}
         self.prompt_chunks = sorted(prompt_chunks)
@@ -37,15 +39,20 @@ class ChunkSupply:
         self.frames_of = FramesOnDisk(store)
 
     @staticmethod
-    def missing(store: RunStore, todo: dict[str, list[int]]) -> list[int]:
-        """The chunks of `todo` whose features are not on disk."""
+    def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
+        """The chunks of `todo` (and `prompt_chunks`, read where a pass starts from the
+        prompts) whose features are not on disk."""
         here = on_disk(store, "features")
-        return sorted({k for chunks in todo.values() for k in chunks if k not in here})
+        wanted = {k for chunks in todo.values() for k in chunks} | set(prompt_chunks)
+        return sorted(k for k in wanted if k not in here)
 
     def ensure(self, k: int) -> None:
         """Chunk k's features on disk (encoded now if they are not)."""
         if not has(self.store, "features", k):  # (its frames dropped then, under keep masks)
             encode_chunk(self.store, self.predictor, k, self.frames_of, self.batch_size)
+            if self.bar is not None:
+                lo, hi = self.store.plan.bounds(k)
+                self.bar.update(hi - lo)
 
     def has(self, k: int) -> bool:
         return has(self.store, "features", k)
@@ -76,8 +83,8 @@ class ChunkSupply:
             drop(self.store, "features", k)
 
 
-def pass_todo(store: RunStore, plan: ChunkPlan, pending: list[str], start: int) -> dict:
-    return {d: store.pass_ledger(d).todo(pass_chunks(plan, d, start)) for d in pending}
+def pass_todo(store: RunStore, plan: ChunkPlan, pending: list[str], span: Span) -> dict:
+    return {d: store.pass_ledger(d).todo(span.chunks(plan, d)) for d in pending}
 
 
 def say_cost(store: RunStore, plan: ChunkPlan, chunks: list[int], quiet: bool) -> None:

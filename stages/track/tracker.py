@@ -12,7 +12,7 @@ import torch
 
 from segpipe import log
 from segpipe import prompts as prompt_file
-from segpipe.plan import ChunkPlan, pass_chunks, pass_frame_count_in, pass_frames_in
+from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
@@ -156,6 +156,7 @@ class Tracker:
         features: StoredFeatures,
         maskmem_pos_enc: torch.Tensor,
         supply: ChunkSupply,
+        span: Span,
         options: dict = OPTIONS,
         on_commit=None,
     ):
@@ -165,7 +166,8 @@ class Tracker:
         video = store.attrs["video"]
         self.height, self.width = video["height"], video["width"]
         self.ids = prompt_file.object_ids(prompts)
-        self.start = min(p.frame for p in prompts)
+        self.span = span
+        self.start = span.first(direction)
         self.threshold = float(options["score_threshold"])
         # "own": each object is tracked from its own first prompt (forward passes only)
         self.own = options["object_start"] == "own"
@@ -189,7 +191,7 @@ class Tracker:
         self.stage = pass_stage(direction)
 
     def chunks(self) -> list[int]:
-        return pass_chunks(self.plan, self.direction, self.start)
+        return self.span.chunks(self.plan, self.direction)
 
     def run(self, owned, quiet: bool) -> None:
         """Track every chunk of the pass not yet done; write masks for the frames
@@ -199,9 +201,7 @@ class Tracker:
         todo = self.store.ledger(self.stage).todo(chunks)
         previous = dict(zip(chunks[1:], chunks))  # the chunk the pass visits before each
         self.after = dict(zip(todo, todo[1:]))  # the chunk to read ahead while one is tracked
-        total = sum(
-            pass_frame_count_in(self.direction, self.start, *self.plan.bounds(k)) for k in todo
-        )
+        total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
         state = memory = after = None
         with log.progress(f"track {self.direction}", total, quiet) as bar:
             for k in todo:
@@ -266,7 +266,7 @@ class Tracker:
     @torch.inference_mode()
     def track_chunk(self, k: int, state: dict, memory: TrackerMemory, owned, bar) -> None:
         lo, hi = self.plan.bounds(k)
-        frames = pass_frames_in(self.direction, self.start, lo, hi)
+        frames = self.span.frames_in(self.direction, lo, hi)
         self.load_features(k, lo, hi)
         O = len(memory.objects)
         # Masks are packed to bits on the device and go to a (pinned, on CUDA) host buffer

@@ -1,0 +1,99 @@
+"""Kills at chosen points inside a process, for crash tests that must land mid-work: the
+process installs one of these, then does its work, and kills itself (SIGKILL) there.
+
+- `mid_write(part, nth)`: halfway through writing the bytes of the `nth` chunk file (a
+  write opened by zarr's atomic writer) whose path contains `part`.
+- `at_unlink(nth)`: at the `nth` file removal, and folders listed with their zarr.json
+  first (as some file systems list them), so a removal interrupted there has removed a
+  node's metadata before its chunks.
+
+Used in a subprocess: `python -c "import kill_points; kill_points.mid_write(...); ..."`
+with tests/ on sys.path (`cli(argv)` runs segpipe's command line after installing).
+"""
+
+import os
+import pathlib
+import signal
+import sys
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Half:
+    """A file that writes half of what it is given, then kills the process."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(bytes(data)[: len(data) // 2])
+        self.f.flush()
+        _die()
+
+
+def mid_write(part: str, nth: int = 1) -> None:
+    opened, seen = pathlib.Path.open, [0]
+
+    def killing_open(self, mode="r", *args, **kwargs):
+        f = opened(self, mode, *args, **kwargs)
+        if "w" in mode and part in str(self) and "/c/" in str(self):
+            seen[0] += 1
+            if seen[0] == nth:
+                return _Half(f)
+        return f
+
+    pathlib.Path.open = killing_open
+
+
+class _ZarrJsonFirst:
+    """`os.scandir` with a folder's zarr.json listed before the rest."""
+
+    def __init__(self, *args, **kwargs):
+        self.it = _scandir(*args, **kwargs)
+        self.entries = iter(sorted(self.it, key=lambda e: e.name != "zarr.json"))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.it.close()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.entries)
+
+    def close(self):
+        self.it.close()
+
+
+_scandir = os.scandir
+
+
+def at_unlink(nth: int) -> None:
+    unlink, count = os.unlink, [0]
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        if count[0] == nth:
+            _die()
+        return unlink(*args, **kwargs)
+
+    os.unlink = counting
+    os.scandir = _ZarrJsonFirst
+
+
+def cli(argv: list[str]) -> None:
+    from segpipe.cli import main
+
+    sys.argv = ["segpipe", *argv]
+    main()

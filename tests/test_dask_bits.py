@@ -1,0 +1,130 @@
+"""Dask workers compute the client's bits whatever the environment a user starts with: not
+only under `make test`'s OMP_NUM_THREADS=1, but with no thread variable set at all (a new
+user's shell), and a worker that would compute other bits is refused before any work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import distributed  # noqa: F401 - `make test` installs the dask extra: missing, these fail
+import pytest
+from conftest import ROOT, assert_same_store, assert_user_error, run_args, segpipe, tree_digest
+from test_dask import reference, scheduler  # noqa: F401 - fixtures
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def segpipe_unset(*args) -> subprocess.CompletedProcess:
+    """The CLI as a shell that sets no thread variable runs it (a new user's)."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    return subprocess.run(
+        [sys.executable, "-m", "segpipe.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def test_workers_match_the_single_process_run_without_omp_num_threads(small, tmp_path):
+    """`run --workers 2` and the single-process run, both started without any thread
+    variable: the same store, array for array. (Dask's nanny starts workers with
+    OMP_NUM_THREADS=1 and writes it into the client's own os.environ too, so the thread
+    count the client sent was read after it as 1, while the single process ran at the
+    cores' count: 18 of 38 arrays differed.)"""
+    alone, spread = tmp_path / "alone.zarr", tmp_path / "spread.zarr"
+    for store, extra in ((alone, ()), (spread, ("--workers", "2"))):
+        proc = segpipe_unset(*run_args(small, store), "--export", "none", "--quiet", *extra)
+        assert proc.returncode == 0, proc.stderr
+    assert_same_store(alone, spread)
+
+
+def test_a_worker_that_computes_other_bits_is_refused_in_one_line(small, scheduler, tmp_path):  # noqa: F811
+    """A `dask worker` whose torch computes other bits than the client (here: started with
+    ATEN_CPU_CAPABILITY=default, its vector kernels off, as on another CPU) fails the
+    client's probe (SAM 2's image encoder on one small image, compared digest for digest)
+    and is refused before anything is written."""
+    address, worker = scheduler
+    worker("env", "ATEN_CPU_CAPABILITY=default")
+    store = tmp_path / "s.zarr"
+    segpipe(
+        "decode",
+        small / "clip.mp4",
+        "--store",
+        store,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--quiet",
+        check=True,
+    )
+    before = tree_digest(store)
+    proc = segpipe("encode", "--store", store, "--random-weights", 0, "--scheduler", address)
+    assert_user_error(proc, "computes other bits than this process", "thread environment")
+    assert tree_digest(store) == before
+
+
+def test_ctrl_c_or_kill_of_a_dask_run_leaves_no_semaphore_warning(small, tmp_path):
+    """Ctrl-C at a terminal (SIGINT to the whole process group: the client and its workers)
+    and kill -9 of the client, each mid-encode on `--workers 2`: nothing on stderr from
+    multiprocessing's resource tracker ("leaked semaphore objects") after the command."""
+    import signal
+    import time
+
+    from conftest import ledger_count, wait_for
+
+    for how in ("ctrl-c", "kill"):
+        store = tmp_path / f"{how}.zarr"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))]
+            + ["--workers", "2", "--export", "none"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, as a shell's job
+        )
+        assert wait_for(lambda: ledger_count(store, "encode") >= 1, proc, timeout=300)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        time.sleep(1)  # the tracker speaks when its parent is gone
+        assert proc.returncode in (130, -signal.SIGKILL), (how, proc.returncode, err)
+        assert ledger_count(store, "encode") < 6, "the stop landed mid-encode"
+        assert "leaked" not in err and "resource_tracker" not in err, (how, err)
+        assert "Traceback" not in err, (how, err)
+
+
+def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_path):  # noqa: F811
+    """A tracking-pass task whose run was taken over, started before (its store opened under
+    the old lease) and resuming the pass from its first chunk: the first thing it writes is
+    the pass's prompted memory (`memory/forward/prompted_*`), which every later resume reads.
+    The lease inside the store refuses that write too; no file of the store changes."""
+    import shutil
+
+    from conftest import tree_mtimes
+
+    from segpipe.dask import tasks as units
+    from segpipe.errors import StoreLocked
+    from segpipe.store.lock import store_lock, token
+    from segpipe.store.runstore import RunStore
+
+    store = tmp_path / "clip.zarr"
+    shutil.copytree(reference, store)
+    copy = RunStore.open(store)
+    for k in range(6):
+        copy.ledger("track_forward").undo(k)  # the pass starts over from its first chunk
+    path = str(store)
+    with store_lock(store):
+        old = units.Work(token(store), None, "cpu", 1, 1)
+        begun = units._store(path, old)
+    with store_lock(store):  # another run took the store over
+        written = tree_mtimes(store)
+        with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
+            units.pass_on(begun, "forward", old)
+        assert tree_mtimes(store) == written
