@@ -102,12 +102,11 @@ class Run:
         """Per store chunk, its frames of `indices` and their masks of `slots`: only the
         frames asked for, read object by object (a zarr chunk holds one object), so a
         read holds at most one zarr chunk beyond what it returns."""
-        plan = store.plan
+        plan, video = store.plan, store.attrs["video"]
         chunk_of = indices // plan.chunk_size
         for k in dict.fromkeys(chunk_of.tolist()):
             wanted = indices[chunk_of == k]
             a, b = int(wanted.min()), int(wanted.max()) + 1
-            video = store.attrs["video"]
             data = np.empty((b - a, len(slots), video["height"], video["width"]), bool)
             for i, s in enumerate(slots):
                 data[:, i : i + 1] = store.read("masks", a, b, slice(s, s + 1))

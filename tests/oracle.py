@@ -130,25 +130,26 @@ def oracle_tracking(
     T, H, W = attrs["frame_count"], attrs["video"]["height"], attrs["video"]["width"]
     prompts = prompt_file.load(prompts_path, T, W, H)
     ids = prompt_file.object_ids(prompts)
-    if predictor is None:
-        predictor = store_predictor(attrs)
-        try:
-            return _track(
-                predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
-            )
-        except RuntimeError as e:  # SAM 2 crashes here without the documented cast
-            if "dtype" not in str(e):
-                raise
-        handle = memory_cast(predictor)
-        try:
-            return _track(
-                predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
-            )
-        finally:
-            handle.remove()
-    return _track(
-        predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
-    )
+    given = predictor
+    predictor = given or store_predictor(attrs)
+
+    def track():
+        return _track(
+            predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments
+        )
+
+    if given is not None:
+        return track()
+    try:
+        return track()
+    except RuntimeError as e:  # SAM 2 crashes here without the documented cast
+        if "dtype" not in str(e):
+            raise
+    handle = memory_cast(predictor)
+    try:
+        return track()
+    finally:
+        handle.remove()
 
 
 def _track(predictor, frames, attrs, prompts, ids, video_dir, precision, directions, arguments):

@@ -367,16 +367,15 @@ class Cluster:
         it must be to stay exact), after encoding the chunks they need that have no features.
         The client watches the passes' ledgers: a chunk a pass commits moves the bar and goes
         to `on_commit(direction, k)` (`run` exports it then)."""
-        from segpipe.stages.track.supply import ChunkSupply, pass_todo
+        from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads
 
         refuse_on_dask(keep_setting(store), store.path)
         settings = store.attrs["track"]
         plan = store.plan
         span = Span.of(settings, plan.num_frames)
         todo = pass_todo(store, plan, pending, span)
-        anew = any(todo[d] and todo[d][0] == span.chunks(plan, d)[0] for d in todo)
-        prompts = {plan.chunk_of(e["frame"]) for e in settings["prompts"]} if anew else ()
-        missing = ChunkSupply.missing(store, todo, prompts)
+        _, prompted = prompt_reads(plan, span, todo, [e["frame"] for e in settings["prompts"]])
+        missing = ChunkSupply.missing(store, todo, prompted)
         if missing:
             log.info(
                 f"track: {log.count(len(missing), 'chunk', 'has')} no features yet: encoding them "

@@ -292,8 +292,7 @@ class RunStore:
         with every file under it, whatever zarr made of it before (a folder without its
         zarr.json goes too). The lease is checked first, as zarr checks it before a write."""
         self.group.store._check_writable()
-        trash = self.trash_of(self.path)
-        empty_trash(trash)  # what a removal killed after its rename left
+        trash = self.trash_of(self.path)  # (what a killed removal left: emptied at open)
         remove_tree(self.path / name, trash)
         empty_trash(trash)
         for ledger in self._ledgers.values():  # a deleted ledger (or its folder) is read again

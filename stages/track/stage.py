@@ -35,7 +35,7 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
-from segpipe.stages.track.supply import ChunkSupply, pass_todo, say_cost
+from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads, say_cost
 from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
@@ -289,8 +289,7 @@ def _prepare_passes(
         d: span.chunks(plan, d) if again else store.pass_ledger(d).todo(span.chunks(plan, d))
         for d in passes(direction)
     }
-    anew = any(needed[d] and needed[d][0] == span.chunks(plan, d)[0] for d in needed)
-    prompted = {plan.chunk_of(p.frame) for p in prompts} if anew else set()  # then read
+    _, prompted = prompt_reads(plan, span, needed, [p.frame for p in prompts])
     missing = ChunkSupply.missing(store, needed, prompted)
     if not set(missing) <= on_disk(store, "frames"):
         stored_source(store)  # before anything changes: the source must be there
@@ -327,41 +326,35 @@ def run_passes(
     """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
     one after the other: in this process, or one pass per Dask task. Chunks without features
     are encoded as the passes reach them, with a bar of their own."""
+    settings = stored_settings(store)
     plan = store.plan
-    span = Span.of(stored_settings(store), plan.num_frames)
+    span = Span.of(settings, plan.num_frames)
     todo = pass_todo(store, plan, pending, span)
-    starts = {d: bool(todo[d]) and todo[d][0] == span.chunks(plan, d)[0] for d in todo}
-    prompt_chunks = sorted({plan.chunk_of(p.frame) for p in prompts})
-    missing = ChunkSupply.missing(store, todo, prompt_chunks if any(starts.values()) else ())
+    starts, prompt_chunks = prompt_reads(plan, span, todo, [p.frame for p in prompts])
+    missing = ChunkSupply.missing(store, todo, prompt_chunks)
     say_cost(store, plan, missing, quiet)
+    precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with log.progress("encode", frames, quiet or not missing) as bar:
         supply = ChunkSupply(store, predictor, todo, starts, prompt_chunks, batch_size, bar)
         supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
+        vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
+        features = StoredFeatures(store, predictor.device, vision_pos)
         for d in pending:
-            _track_pass(store, predictor, prompts, d, supply, span, on_commit, quiet)
-
-
-def _track_pass(store, predictor, prompts, d, supply, span, on_commit, quiet) -> None:
-    """Pass `d`, under the precision the embeddings were made in (SAM 2's GPU usage is
-    bfloat16 autocast)."""
-    settings = stored_settings(store)
-    precision = store.attrs["model"]["precision"]
-    vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
-    features = StoredFeatures(store, predictor.device, vision_pos)
-    tracker = Tracker(
-        predictor,
-        store,
-        store.plan,
-        d,
-        prompts,
-        features,
-        maskmem_pos,
-        supply,
-        span,
-        settings["options"],
-        on_commit,
-    )
-    with autocast(predictor.device.type, precision), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
-        tracker.run(shown_by(settings["direction"], d, span.start), quiet)
+            tracker = Tracker(
+                predictor,
+                store,
+                plan,
+                d,
+                prompts,
+                features,
+                maskmem_pos,
+                supply,
+                span,
+                settings["options"],
+                on_commit,
+            )
+            # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
+            with autocast(predictor.device.type, precision), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
+                tracker.run(shown_by(settings["direction"], d, span.start), quiet)

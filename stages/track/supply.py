@@ -83,6 +83,14 @@ class ChunkSupply:
             drop(self.store, "features", k)
 
 
+def prompt_reads(plan: ChunkPlan, span: Span, todo: dict, frames) -> tuple[dict, list[int]]:
+    """(per pass of `todo`, whether it starts from the prompts: its first chunk is still to
+    do; the chunks of the prompted `frames`, which such a pass reads, none if no pass does)."""
+    starts = {d: bool(todo[d]) and todo[d][0] == span.chunks(plan, d)[0] for d in todo}
+    chunks = sorted({plan.chunk_of(f) for f in frames}) if any(starts.values()) else []
+    return starts, chunks
+
+
 def pass_todo(store: RunStore, plan: ChunkPlan, pending: list[str], span: Span) -> dict:
     return {d: store.pass_ledger(d).todo(span.chunks(plan, d)) for d in pending}
 
