@@ -19,8 +19,12 @@ two 30-step runs gave identical weights). The shipped `pipeline/weights/segpipe_
 (package data: `segpipe/weights/` in an installed segpipe) holds the
 tensors the default arguments gave (one run; saved under another name and copied, so the
 file's bytes, and the sha256 stores record, differ from a rerun's); its run time is in the
-README. Progress is saved beside this script, to `data/<out's stem>.partial.pt`; `--out` is
-written once, at the end.
+README. The run's full state (weights, optimiser, schedule, step, torch's random state, the
+time spent) is saved beside this script, to `data/<out's stem>.state.pt`, every `--log-every`
+steps; run the same command again after a kill, or in a later sitting, and it continues from
+there, with the same result as a run never stopped. `--out` is written once, at the end, with
+the steps and hours of every run that led to it (`--init` continues from earlier weights on
+clips they never saw).
 
     python data/train_tiny.py                   # writes pipeline/weights/segpipe_tiny.pt
 """
@@ -196,15 +200,32 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument(
+        "--init", type=Path, help="start from these weights (a file this script wrote)"
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        help="the run's full state, saved every --log-every steps and resumed from when it "
+        "exists (default data/<out's stem>.state.pt)",
+    )
     args = parser.parse_args()
     if args.frames < 2:
         parser.error("--frames must be at least 2 (a prompted frame and a tracked one)")
-    # Progress goes to a separate file, here in data/ (not in the package): the shipped
+    # The state goes to a separate file, here in data/ (not in the package): the shipped
     # weights are replaced only at the end.
-    partial = HERE / (args.out.stem + ".partial.pt")
+    state_path = args.state or HERE / (args.out.stem + ".state.pt")
     torch.set_num_threads(args.threads)
+    run = {k: getattr(args, k) for k in ("steps", "frames", "size", "lr", "seed", "threads")}
+    run["init"] = str(args.init) if args.init else None
     model = build(args.seed, args.size)
     look_where_it_was(model)
+    history, first_clip = [], 0
+    if args.init:
+        init = torch.load(args.init, map_location="cpu", weights_only=True)
+        model.load_state_dict(init["model"])
+        history = list(init.get("history", [{"steps": init.get("steps", 0)}]))
+        first_clip = sum(h["steps"] for h in history)  # clips no earlier run has seen
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = min(200, args.steps // 10)
@@ -215,40 +236,78 @@ def main() -> None:
         return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(args.steps - warmup, 1)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    began, recent = time.time(), []
-    for step in range(args.steps):
-        clip = training_clip(step, args.frames, args.size)
-        if clip is None:
-            sched.step()
-            continue
-        frames, masks, rng = clip
-        loss, parts = clip_loss(model, frames, masks, rng)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        recent.append(parts)
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-            mean = {k: np.mean([p[k] for p in recent]) for k in recent[0]}
-            print(
-                f"step {step + 1}/{args.steps} {time.time() - began:.0f}s lr {sched.get_last_lr()[0]:.2e} "
-                + " ".join(f"{k} {v:.4f}" for k, v in mean.items()),
-                flush=True,
+    start, spent = 0, 0.0
+    if state_path.exists():
+        state = torch.load(state_path, map_location="cpu", weights_only=False)
+        if state["run"] != run:
+            sys.exit(
+                f"error: {state_path} holds another run ({state['run']}); "
+                "delete it or pass that run's arguments"
             )
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        start, spent = state["step"], state["seconds"]
+        print(f"resuming at step {start} ({spent / 3600:.2f} h so far): {state_path}", flush=True)
+    began, recent = time.time() - spent, []
+    for step in range(start, args.steps):
+        clip = training_clip(first_clip + step, args.frames, args.size)
+        if clip is not None:
+            frames, masks, rng = clip
+            loss, parts = clip_loss(model, frames, masks, rng)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            recent.append(parts)
+        sched.step()
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            if recent:
+                mean = {k: np.mean([p[k] for p in recent]) for k in recent[0]}
+                print(
+                    f"step {step + 1}/{args.steps} {time.time() - began:.0f}s "
+                    f"lr {sched.get_last_lr()[0]:.2e} "
+                    + " ".join(f"{k} {v:.4f}" for k, v in mean.items()),
+                    flush=True,
+                )
             recent = []
-            save(model, args, step + 1, partial)
-    save(model, args, args.steps, args.out)
-    partial.unlink(missing_ok=True)
-    print(f"trained {args.steps} steps in {time.time() - began:.0f} s: {args.out}")
+            atomic_save(
+                {
+                    "run": run,
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "step": step + 1,
+                    "seconds": time.time() - began,
+                },
+                state_path,
+            )
+    hours = (time.time() - began) / 3600
+    history.append({"steps": args.steps, "hours": round(hours, 3), "run": run})
+    save(model, args.size, history, args.out)
+    state_path.unlink(missing_ok=True)
+    print(f"trained {args.steps} steps in {hours:.2f} h: {args.out}")
 
 
-def save(model, args, steps: int, path: Path) -> None:
+def save(model, size: int, history: list, path: Path) -> None:
     """The weights as SAM 2's checkpoints hold them ("model"), with the image size they were
-    trained at (segpipe warns when a store's differs) and the steps done; written to a
-    temporary file and renamed, so `path` is never half-written."""
+    trained at (segpipe warns when a store's differs), the steps done in all, and each run's
+    steps, hours and arguments ("history")."""
+    steps = sum(h["steps"] for h in history)
+    atomic_save(
+        {"model": model.state_dict(), "image_size": size, "steps": steps, "history": history}, path
+    )
+
+
+def atomic_save(obj, path: Path) -> None:
+    """torch.save to a temporary file, fsynced and renamed: `path` is never half-written."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model": model.state_dict(), "image_size": args.size, "steps": steps}, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -299,8 +299,9 @@ def run(
     soon as its masks are final. Without prompts: decode and encode.
 
     `keep`: "all" (the default; re-prompting then costs no encoding: chunks no pass needed
-    are encoded at the end) or "masks" (a chunk's frames are dropped once encoded and its
-    features once every pass has tracked it, so a long video needs a few chunks of them on
+    are encoded at the end) or "masks" (a chunk's frames are dropped once encoded, and its
+    features are written only where a later read needs them, the prompted chunks, and
+    dropped once every pass has tracked them, so a long video needs a few chunks of them on
     disk; the video is then decoded twice, once to count and time its frames, and again
     chunk by chunk as the passes need them). The setting is the store's from then on.
 

@@ -392,7 +392,8 @@ def export(store, fmt, out, **options):
     default=None,
     show_default="all, or the store's",
     help="What the store keeps: all (frames and embeddings: re-prompting costs no "
-    "encoding) or masks (a chunk's frames go once encoded and its features once tracked, "
+    "encoding) or masks (a chunk's frames go once encoded; its features are written only "
+    "where a later read needs them, the prompted chunks, and go once tracked, "
     "so hours of video fit a few chunks of them on disk; re-prompting then decodes and "
     "encodes again what the new passes need).",
 )

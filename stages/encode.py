@@ -256,17 +256,37 @@ def write_features(store: RunStore, k: int, levels, kinds) -> None:
         drop(store, "frames", k)  # encoded: nothing reads them again
 
 
+def pass_features(store: RunStore, k: int, levels, kinds) -> None:
+    """Under `--keep masks`, chunk k's levels that only the pass at hand reads, which has
+    them in memory: the level arrays are made (the features' shapes and dtypes) and the
+    chunk is recorded encoded and dropped at once, as if written and dropped after its
+    tracking; no byte of it is written. A crash before the pass commits it costs its
+    encoding again, as for a dropped chunk."""
+    for name, feats, kind in zip(LEVELS, levels, kinds):
+        level_array(store, name, feats.shape[1:], feats.dtype, kind)
+    drop(store, "features", k)  # recorded dropped before it counts as encoded
+    store.commit(STAGE, k)
+    drop(store, "frames", k)  # encoded: nothing reads them again
+
+
 def encode_chunk(
-    store: RunStore, predictor, k: int, frames_of: FramesOnDisk, batch_size: int = 1
-) -> None:
+    store: RunStore,
+    predictor,
+    k: int,
+    frames_of: FramesOnDisk,
+    batch_size: int = 1,
+    write: bool = True,
+) -> list[np.ndarray]:
     """Encode chunk k (again, where its features were dropped) as the stage encodes it: the
-    store's embedding dtype and precision."""
+    store's embedding dtype and precision. Returns its levels as stored; `write` False:
+    not written (`pass_features`)."""
     spec = store.attrs["model"]
     frames = frames_of(k)
     levels, kinds = encode_frames(
         predictor, frames, batch_size, spec["embedding_dtype"], spec["precision"]
     )
-    write_features(store, k, levels, kinds)
+    (write_features if write else pass_features)(store, k, levels, kinds)
+    return levels
 
 
 @torch.inference_mode()

@@ -124,6 +124,18 @@ def run_args(small: Path, store: Path) -> tuple:
     )
 
 
+def run_in_process(small: Path, store: Path, video: Path | None = None, **options):
+    """`segpipe run` with `run_args` (and `--quiet`) in this process: `segpipe.run`, the call
+    the command makes, with the same options; for reference stores and reruns (the commands
+    a test is about stay commands). `video`: another video than the small clip; `options`:
+    more of `segpipe.run`'s keyword arguments."""
+    import segpipe as api
+
+    settings = dict(chunk_size=4, image_size=128, random_weights=0, progress=False)
+    video = small / "clip.mp4" if video is None else video
+    return api.run(video, store, small / "prompts.json", **{**settings, **options})
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """Seeded random sam2.1_hiera_t weights saved as an official-style checkpoint file."""

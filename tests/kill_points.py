@@ -3,9 +3,9 @@ process installs one of these, then does its work, and kills itself (SIGKILL) th
 
 - `mid_write(part, nth)`: halfway through writing the bytes of the `nth` chunk file (a
   write opened by zarr's atomic writer) whose path contains `part`.
-- `at_unlink(nth)`: at the `nth` file removal, and folders listed with their zarr.json
-  first (as some file systems list them), so a removal interrupted there has removed a
-  node's metadata before its chunks.
+- `at_unlink(nth, under)`: at the `nth` file removal (of a path under the folder `under`,
+  when given), and folders listed with their zarr.json first (as some file systems list
+  them), so a removal interrupted there has removed a node's metadata before its chunks.
 
 Used in a subprocess: `python -c "import kill_points; kill_points.mid_write(...); ..."`
 with tests/ on sys.path (`cli(argv)` runs segpipe's command line after installing).
@@ -79,14 +79,17 @@ class _ZarrJsonFirst:
 _scandir = os.scandir
 
 
-def at_unlink(nth: int) -> None:
+def at_unlink(nth: int, under: str | None = None) -> None:
     unlink, count = os.unlink, [0]
 
-    def counting(*args, **kwargs):
-        count[0] += 1
-        if count[0] == nth:
-            _die()
-        return unlink(*args, **kwargs)
+    def counting(path, *args, dir_fd=None, **kwargs):
+        # (shutil.rmtree removes a folder's files by name, relative to its open folder)
+        folder = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.getcwd()
+        if under is None or os.path.join(folder, path).startswith(under):
+            count[0] += 1
+            if count[0] == nth:
+                _die()
+        return unlink(path, *args, dir_fd=dir_fd, **kwargs)
 
     os.unlink = counting
     os.scandir = _ZarrJsonFirst

@@ -36,6 +36,8 @@ from conftest import (  # noqa: E402
 )
 from test_dataset import VIDEOS, assert_same_pngs, dataset  # noqa: E402,F401 - a fixture
 
+from segpipe.stages.export.stage import RUN_FORMATS
+
 CHUNKS = 6  # the small clip: 24 frames in chunks of 4; prompted from frame 5 (chunk 1)
 
 
@@ -123,7 +125,10 @@ def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int
 def committed(store: Path, stage: str) -> dict[int, float]:
     """Chunk -> commit time (its ledger entry's mtime) of the chunks `stage` has committed."""
     folder = store / "ledger" / stage / "c"
-    return {int(p.name): p.stat().st_mtime for p in folder.iterdir()} if folder.is_dir() else {}
+    if not folder.is_dir():
+        return {}
+    # (a record a kill interrupted is a temporary file)
+    return {int(p.name): p.stat().st_mtime for p in folder.iterdir() if p.name.isdigit()}
 
 
 def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
@@ -187,12 +192,13 @@ def kill_client(args: list[str], when) -> None:
     assert not alive, alive
 
 
-def test_run_on_two_workers_client_killed_mid_encode_and_mid_pass_then_rerun_is_the_same(
+def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_is_the_same(
     small, reference, tmp_path
 ):
     """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode, then
-    of the rerun mid-tracking: the same command again continues from the ledgers to the
-    same store and exports, bit for bit, without redoing a committed chunk.
+    of the rerun mid-tracking, then of the next rerun mid-export (a chunk exported by a task,
+    not every chunk): the same command again continues from the ledgers to the same store
+    and exports, bit for bit, without redoing a committed chunk.
 
     The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
     reverse pass 4) is written by the reverse pass only after the forward pass committed
@@ -206,11 +212,20 @@ def test_run_on_two_workers_client_killed_mid_encode_and_mid_pass_then_rerun_is_
     kill_client(args, lambda: 1 <= ledger_count(store, "track_forward") < forward)
     tracked = committed(store, "track_forward")
     assert 1 <= len(tracked) < forward
+    formats = [f"export_{f}" for f in RUN_FORMATS]
+
+    def exports_done():
+        return sum(len(committed(store, f)) for f in formats)
+
+    before = exports_done()  # (exports follow the forward pass: some may be done)
+    kill_client(args, lambda: before < exports_done() < 3 * CHUNKS)
+    exported = {f: committed(store, f) for f in formats}
+    assert before < sum(map(len, exported.values())) < 3 * CHUNKS  # mid-export
     rerun = segpipe(*args)
     assert rerun.returncode == 0, rerun.stderr
     assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
     assert_same_run(reference, store)
-    for stage, before in (("encode", encoded), ("track_forward", tracked)):
+    for stage, before in (("encode", encoded), ("track_forward", tracked), *exported.items()):
         assert all(committed(store, stage)[k] == t for k, t in before.items()), stage
     forward_commit = committed(store, "track_forward")[1]
     reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
@@ -310,19 +325,10 @@ def test_dataset_on_two_workers_is_the_single_process_run(
 def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
     client reports as the single-process run would."""
+    import segpipe as api
+
     store = tmp_path / "clip.zarr"
-    segpipe(
-        "decode",
-        small / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--quiet",
-        check=True,
-    )
+    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
     (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
     proc = segpipe(
         "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
@@ -587,16 +593,17 @@ def test_resume_after_a_kill_between_the_feature_levels_on_two_workers(
     client lets them), the command ends in the single-process encode's store, bit for bit,
     and only one task ever finds a level missing: the client sends a chunk alone until
     every level exists."""
+    import segpipe as api
     from segpipe.stages.encode import encode
     from segpipe.store.features import LEVELS
     from segpipe.store.runstore import RunStore
 
+    # decoded and encoded in this process, by what `segpipe decode` and `encode` call
     decoded = tmp_path / "decoded.zarr"
-    decode = ("decode", small / "clip.mp4", "--store", decoded, "--chunk-size", 8)
-    segpipe(*decode, "--image-size", 128, "--quiet", check=True, timeout=300)  # 3 chunks
-    reference = tmp_path / "reference.zarr"
+    api.decode(small / "clip.mp4", decoded, chunk_size=8, image_size=128, progress=False)
+    reference = tmp_path / "reference.zarr"  # 3 chunks, encoded in one process
     shutil.copytree(decoded, reference)
-    segpipe("encode", "--store", reference, "--random-weights", 0, check=True, timeout=300)
+    api.encode(reference, random_weights=0, progress=False)
 
     def killed_at(store: Path, where: str, name: str) -> None:
         real = getattr(RunStore, where)

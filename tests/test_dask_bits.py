@@ -128,3 +128,23 @@ def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_pa
         with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
             units.pass_on(begun, "forward", old)
         assert tree_mtimes(store) == written
+
+
+def test_local_workers_print_nothing_on_the_terminal(capfd):
+    """segpipe's local workers and their nannies log nothing to the terminal they share with
+    the client: a task's failure comes back to the client as its one-line error, and a
+    worker whose client was killed -9 used to print, on its way out, a traceback for each
+    heartbeat that found no scheduler ("Failed to communicate with scheduler during
+    heartbeat", logged at ERROR) after the command had ended."""
+    import logging
+
+    from segpipe.dask.client import _client
+
+    def log(name):
+        logging.getLogger(name).exception("heartbeat failed, as after a kill of the client")
+
+    with _client(2, None) as client:
+        client.run(log, "distributed.worker")
+        client.run(log, "distributed.nanny", nanny=True)
+    _, err = capfd.readouterr()
+    assert "heartbeat failed" not in err, err

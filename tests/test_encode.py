@@ -21,18 +21,12 @@ from segpipe.store.features import LEVELS, from_storage
 
 @pytest.fixture(scope="module")
 def decoded(tmp_path_factory, clip_dir):
+    """The clip decoded in chunks of 8 (`segpipe.decode`, what `segpipe decode` calls).
+    Read-only: tests copy it."""
+    import segpipe as api
+
     store = tmp_path_factory.mktemp("enc") / "decoded.zarr"
-    segpipe(
-        "decode",
-        clip_dir / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        8,
-        "--image-size",
-        IMAGE_SIZE,
-        check=True,
-    )
+    api.decode(clip_dir / "clip.mp4", store, chunk_size=8, image_size=IMAGE_SIZE, progress=False)
     return store
 
 
@@ -102,10 +96,11 @@ def test_features_equal_sam2_forward_image(decoded, tmp_path, predictor, sam2_fe
             assert ((stored - expected).abs() <= ulp).all()
 
 
-def test_checkpoint_file_gives_the_random_weights_features(decoded, tmp_path, checkpoint):
-    a = copy_store(decoded, tmp_path / "a.zarr")
+def test_checkpoint_file_gives_the_random_weights_features(decoded, encoded, tmp_path, checkpoint):
+    """`encode --checkpoint` with the seeded weights saved as a file gives the features of
+    `encode --random-weights 0` (the module's `encoded` store, only read here)."""
+    a = encoded
     b = copy_store(decoded, tmp_path / "b.zarr")
-    segpipe("encode", "--store", a, "--random-weights", 0, "--quiet", check=True)
     segpipe("encode", "--store", b, "--checkpoint", checkpoint, "--quiet", check=True)
     ga, gb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
     for name in LEVELS:
@@ -113,10 +108,11 @@ def test_checkpoint_file_gives_the_random_weights_features(decoded, tmp_path, ch
     assert len(gb.attrs["model"]["weights"]["checkpoint_sha256"]) == 64
 
 
-def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
-    ref = copy_store(decoded, tmp_path / "ref.zarr")
+def test_kill_mid_encode_then_resume_is_identical(decoded, encoded, tmp_path, predictor):
+    """kill -9 mid-encode, then the same command again: the features of an uninterrupted
+    encode (the module's `encoded` store, only read here), and a further encode is a no-op."""
+    ref = encoded
     store = copy_store(decoded, tmp_path / "killed.zarr")
-    segpipe("encode", "--store", ref, "--random-weights", 0, "--quiet", check=True)
     proc = popen_segpipe("encode", "--store", store, "--random-weights", 0)
     assert wait_for(lambda: ledger_count(store, "encode") >= 2, proc), (
         "encode ended before the kill"
@@ -124,7 +120,7 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "encode") < 5
-    segpipe("encode", "--store", store, "--random-weights", 0, "--quiet", check=True)
+    encode(store, random_weights=0, quiet=True, predictor=predictor)  # again, in this process
     ga, gb = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(store), mode="r")
     for name in LEVELS:
         assert np.array_equal(ga[name][...], gb[name][...]), name
@@ -137,9 +133,11 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, tmp_path, predictor):
 
 
 @pytest.fixture(scope="module")
-def encoded(decoded, tmp_path_factory):
+def encoded(decoded, tmp_path_factory, predictor):
+    """`segpipe encode --random-weights 0` of the decoded store, uninterrupted (the stage
+    function, in this process). Read-only."""
     store = copy_store(decoded, tmp_path_factory.mktemp("encoded") / "s.zarr")
-    segpipe("encode", "--store", store, "--random-weights", 0, "--quiet", check=True)
+    encode(store, random_weights=0, quiet=True, predictor=predictor)
     return store
 
 

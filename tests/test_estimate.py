@@ -257,21 +257,12 @@ def encoding(tmp_path_factory):
     """A real encode caught mid-way: 8 frames at 256 in chunks of 1, decoded, then
     `segpipe encode` stopped (SIGSTOP) after 3 commits. Yields (store, the status report
     taken while it was stopped); the encode is killed afterwards."""
+    import segpipe as api
+
     root = tmp_path_factory.mktemp("encoding")
     clip = write_clip(root / "clip", 8, prompt_frames=(2, 4, 6))
     store = root / "s.zarr"
-    segpipe(
-        "decode",
-        clip / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        1,
-        "--image-size",
-        256,
-        "--quiet",
-        check=True,
-    )
+    api.decode(clip / "clip.mp4", store, chunk_size=1, image_size=256, progress=False)
     proc = subprocess.Popen(
         [
             sys.executable,

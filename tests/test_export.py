@@ -29,19 +29,11 @@ from segpipe.store import masks as maskio
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory, clip_dir, predictor):
     """A tracked store no export has touched. Read-only: tests copy it."""
+    import segpipe as api
+
     store = tmp_path_factory.mktemp("export") / "s.zarr"
-    segpipe(
-        "decode",
-        clip_dir / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        2,
-        "--image-size",
-        IMAGE_SIZE,
-        "--quiet",
-        check=True,
-    )
+    # decoded by `segpipe.decode` (what `segpipe decode` calls), all in this process
+    api.decode(clip_dir / "clip.mp4", store, chunk_size=2, image_size=IMAGE_SIZE, progress=False)
     encode(store, random_weights=0, quiet=True, predictor=predictor)
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
     return store
@@ -252,7 +244,12 @@ def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
     outs = tmp_path / "out"
     outs.mkdir()
     total = -(-zarr.open_group(str(pristine), mode="r").attrs["frame_count"] // 2)  # chunks of 2
-    for fmt, name in (("overlay", "o.mp4"), ("davis", "d"), ("vis-json", "v.json")):
+    for fmt, name in (
+        ("overlay", "o.mp4"),
+        ("davis", "d"),
+        ("vis-json", "v.json"),
+        ("frames", "f"),
+    ):
         stage = f"export_{fmt}"
         assert ledger_count(store, stage) == 0
         ref = outs / f"ref_{name}"

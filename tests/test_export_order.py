@@ -59,12 +59,12 @@ def straight(video):
         ]
 
 
-def late_seeks(video, decoded) -> list[int]:
+def late_seeks(video, decoded, chunk_size: int = C) -> list[int]:
     """The chunk starts lo where the container's keyframe seek to frame lo-1's pts lands
     after that frame (the reader must back off)."""
     index = {pts: t for t, (pts, *_) in enumerate(decoded)}
     late = []
-    for lo in range(C, FRAMES, C):
+    for lo in range(chunk_size, len(decoded), chunk_size):
         with av.open(str(video)) as container:
             stream = container.streams.video[0]
             container.seek(decoded[lo - 1][0], stream=stream, backward=True, any_frame=False)

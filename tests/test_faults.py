@@ -20,6 +20,7 @@ from conftest import (
     ledger_count,
     popen_segpipe,
     run_args,
+    run_in_process,
     segpipe,
     tree_digest,
     wait_for,
@@ -38,8 +39,9 @@ STAGES = [
 
 @pytest.fixture(scope="module")
 def reference(small, tmp_path_factory):
+    """An uninterrupted `run` with `run_args`, made in this process (`segpipe.run`)."""
     store = tmp_path_factory.mktemp("ref") / "run.zarr"
-    segpipe(*run_args(small, store), "--quiet", check=True)
+    run_in_process(small, store)
     return store
 
 
@@ -75,7 +77,7 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
                 (s for s in STAGES if ledger_count(store, s) < ledger_count(reference, s)), "end"
             )
             killed_in.append(stage)
-    segpipe(*run_args(small, store), "--quiet", check=True)
+    run_in_process(small, store)  # the same run again, to the end (in this process)
     assert_same_store(reference, store)
     assert export_files(store) == export_files(reference)
     print(f"{len(killed_in)} kills survived, in stages: {killed_in}")
@@ -102,7 +104,7 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(small, reference, tmp_path, 
     assert "run the same command again" in err and "Traceback" not in err
     done = ledger_count(store, "encode")
     assert 1 <= done < 6  # it stopped after the chunk in flight, not at the end
-    segpipe(*run_args(small, store), "--quiet", check=True)
+    run_in_process(small, store)  # the same run again, to the end (in this process)
     assert_same_store(reference, store)
 
 
@@ -160,7 +162,7 @@ def test_disk_full_then_space_freed_continues_identically(small, reference, tmp_
         assert_user_error(proc, "disk full")
         assert 0 < progress(store) < progress(reference)
         subprocess.run(["mount", "-o", f"remount,size={size * 4}", str(mount)], check=True)
-        segpipe(*run_args(small, store), "--quiet", check=True)
+        run_in_process(small, store)  # the same run again, to the end (in this process)
         assert_same_store(reference, store)
         assert export_files(store) == export_files(reference)
     finally:
@@ -182,20 +184,25 @@ def test_changed_inputs_are_refused_and_force_starts_over(small, reference, tmp_
         args[i + 1] = change[1]
         assert_user_error(segpipe(*args), *words)
         assert tree_digest(store) == before
-    other = tmp_path / "other.mp4"  # a different video under the same path
+    # a different video under the same path; both short (the prompts' frames 5, 8 and 11
+    # are in both), of different lengths, so the frame count tells which one was run
+    other = tmp_path / "other.mp4"
     video = tmp_path / "clip.mp4"
-    shutil.copy(small / "clip.mp4", video)
-    frames, _ = make_sample.make_clip(num_frames=20, width=96, height=72, seed=5)
+    frames, _ = make_sample.make_clip(num_frames=12, width=96, height=72, seed=1)
+    make_sample.write_video(video, frames)
+    frames, _ = make_sample.make_clip(num_frames=16, width=96, height=72, seed=5)
     make_sample.write_video(other, frames)
     args = base.copy()
     args[1] = video
     store2 = tmp_path / "video.zarr"
     args[3] = store2
-    segpipe(*args, "--quiet", "--export", "none", check=True)
+    # made by the same run in this process; the refusal and --force run as commands
+    run_in_process(small, store2, exports=[], video=video)
+    assert zarr.open_group(str(store2), mode="r").attrs["frame_count"] == 12
     shutil.copy(other, video)
     assert_user_error(segpipe(*args), "another video")
     segpipe(*args, "--force", "--quiet", "--export", "none", check=True)
-    assert zarr.open_group(str(store2), mode="r").attrs["frame_count"] == 20
+    assert zarr.open_group(str(store2), mode="r").attrs["frame_count"] == 16
 
     # new weights with --force: encode and everything after it start over
     args = base.copy()
@@ -266,65 +273,3 @@ def test_damaged_chunks_are_detected_and_repaired(small, reference, tmp_path):
     assert_same_store(reference, store, skip=("ledger/export",), skip_attrs=("exports",))
     proc = segpipe("repair", "--store", store, check=True)
     assert "no damage found" in proc.stderr
-
-
-KILL_AT_UNLINK = """
-import sys
-sys.path.insert(0, "tests")
-import kill_points
-
-kill_points.at_unlink(int(sys.argv[1]))
-kill_points.cli(sys.argv[2:])
-"""
-
-
-def reset_cases(small, store: Path, tmp_path: Path) -> dict:
-    """The commands that start something over on a finished run's store: new prompts (the
-    tracking goes), new settings with --force (the whole store goes), an export with new
-    settings (its records and files go)."""
-    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
-    two = tmp_path / "two.json"
-    two.write_text(json.dumps({"prompts": entries}))
-    base = list(run_args(small, store))
-    prompts = base.copy()
-    prompts[prompts.index("--prompts") + 1] = two
-    force = base.copy()
-    force[force.index("--chunk-size") + 1] = "3"
-    folder = store.with_name(store.name.removesuffix(".zarr") + ".export") / "davis"
-    export = ["export", "--store", store, "--format", "davis", "--out", folder]
-    return {
-        "new prompts": prompts,
-        "--force": [*force, "--force"],
-        "new export settings": [*export, "--objects", "1,2", "--force"],
-    }
-
-
-@pytest.mark.parametrize("case", ["new prompts", "--force", "new export settings"])
-def test_kill_9_in_the_middle_of_a_reset_then_rerun(small, reference, tmp_path, case):
-    """A reset removes what it starts over (ledgers, arrays, the whole store, an export's
-    files). kill -9 after the first few files of a removal are gone (the process kills
-    itself at its 4th unlink; folders listed with their zarr.json first, as some file
-    systems list them), then the same command again: the store and exports equal the same
-    command run uninterrupted. A half-removed node (its zarr.json gone, chunk files left)
-    used to read as absent: later resets skipped it and the ledger counted its old
-    done-records; a half-removed store was refused as "not a segpipe store"."""
-    stores = {}
-    for name in ("killed", "straight"):
-        root = tmp_path / name
-        root.mkdir()
-        stores[name] = shutil.copytree(reference, root / "run.zarr")
-        shutil.copytree(reference.with_name("run.export"), root / "run.export")
-    killed = reset_cases(small, stores["killed"], tmp_path / "killed")
-    straight = reset_cases(small, stores["straight"], tmp_path / "straight")
-    proc = subprocess.run(
-        [sys.executable, "-c", KILL_AT_UNLINK, "4", *map(str, killed[case])],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr  # the kill landed mid-removal
-    segpipe(*killed[case], "--quiet", check=True)
-    segpipe(*straight[case], "--quiet", check=True)
-    assert_same_store(stores["straight"], stores["killed"])
-    assert export_files(stores["killed"]) == export_files(stores["straight"])
-    assert not any(p.name.endswith(".trash") for p in (tmp_path / "killed").iterdir())

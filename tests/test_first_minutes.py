@@ -2,9 +2,36 @@
 where it says it."""
 
 import re
+import shutil
 from pathlib import Path
 
+import pytest
 from conftest import assert_user_error, run_args, segpipe, tree_digest
+
+
+def untracked_args(small, store) -> tuple:
+    """The small clip's `run` arguments without --prompts: decoded and encoded only."""
+    args = list(run_args(small, store))
+    prompts = args.index("--prompts")
+    del args[prompts : prompts + 2]
+    return tuple(args)
+
+
+@pytest.fixture(scope="module")
+def untracked(small, tmp_path_factory):
+    """`run` without prompts on the small clip: (the finished command, its store). The
+    store is decoded and encoded, not tracked. Read-only: copy it before changing it."""
+    store = tmp_path_factory.mktemp("untracked") / "s.zarr"
+    return segpipe(*untracked_args(small, store)), store
+
+
+@pytest.fixture(scope="module")
+def finished(small, tmp_path_factory):
+    """`run` on the small clip with its prompts and the default exports, not on a terminal
+    and not --quiet: (the finished command, its store). Read-only: copy it before
+    changing it."""
+    store = tmp_path_factory.mktemp("finished") / "s.zarr"
+    return segpipe(*run_args(small, store)), store
 
 
 def test_version():
@@ -23,37 +50,13 @@ def test_commands_are_listed_in_pipeline_order():
     assert listed[:5] == ["decode", "encode", "track", "export", "run"], listed
 
 
-def test_run_without_prompts_says_what_it_did_and_what_to_run_next(small, tmp_path):
-    store = tmp_path / "s.zarr"
-    proc = segpipe(
-        "run",
-        small / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-    )
+def test_run_without_prompts_says_what_it_did_and_what_to_run_next(small, untracked):
+    proc, store = untracked
     assert proc.returncode == 0, proc.stderr
     hint = [line for line in proc.stderr.splitlines() if line.startswith("run: no --prompts")]
     assert len(hint) == 1, proc.stderr
     assert "not tracked" in hint[0] and f"segpipe track --store {store}" in hint[0]
-    quiet = segpipe(
-        "run",
-        small / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-        "--quiet",
-    )
+    quiet = segpipe(*untracked_args(small, store), "--quiet")
     assert quiet.returncode == 0, quiet.stderr
     assert "run: no --prompts" not in quiet.stderr  # warnings stay, notes go
 
@@ -68,13 +71,16 @@ def decoded_frame(video, n):
                 return np.asarray(frame.to_image())
 
 
-def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, tmp_path):
+def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, untracked, tmp_path):
     """`segpipe frame` writes frame N as a PNG at the video's own size: without a grid, the
     decoded frame itself; with one, the same size, and the line on stdout says so. From a
     store it is the store's source; with the source gone, the stored model input scaled
-    back (and it says so). Bad frames are one line."""
+    back (and it says so). Bad frames are one line. (The stores are decoded by the stage
+    function the CLI's `decode` calls: this test is about `frame`.)"""
     import numpy as np
     from PIL import Image
+
+    from segpipe.stages.decode import decode
 
     video = small / "clip.mp4"
     plain = tmp_path / "plain.png"
@@ -90,13 +96,7 @@ def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, tmp_p
     assert grid.shape == want.shape and not np.array_equal(grid, want)
     assert np.array_equal(grid[30:38, 50:58], want[30:38, 50:58])  # between the lines
 
-    store = tmp_path / "s.zarr"
-    assert (
-        segpipe(
-            "decode", video, "--store", store, "--chunk-size", 4, "--image-size", 128, "--quiet"
-        ).returncode
-        == 0
-    )
+    store = untracked[1]  # the small clip decoded in chunks of 4 at 128 (and encoded)
     from_store = tmp_path / "from_store.png"
     proc = segpipe("frame", store, "--at", 13, "--out", from_store, "--grid", 0)
     assert proc.returncode == 0, proc.stderr
@@ -109,12 +109,7 @@ def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, tmp_p
     source = tmp_path / "clip.mp4"
     shutil.copy(video, source)
     store2 = tmp_path / "s2.zarr"
-    assert (
-        segpipe(
-            "decode", source, "--store", store2, "--chunk-size", 4, "--image-size", 128, "--quiet"
-        ).returncode
-        == 0
-    )
+    decode(source, store2, chunk_size=4, image_size=128, quiet=True)
     source.rename(moved / "clip.mp4")
     scaled = tmp_path / "scaled.png"
     proc = segpipe("frame", store2, "--at", 13, "--out", scaled, "--grid", 0)
@@ -222,25 +217,23 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
     """Rerun on a finished store without repeating its settings: the model (the shipped
     segpipe_tiny, not the command line's sam2.1_hiera_t), image and chunk size come from
     the store, said once; it used to end in `no weights for sam2.1_hiera_t`."""
+    import segpipe as api
+    from segpipe.stages.decode import decode
+
     store = tmp_path / "s.zarr"
     video, prompts = small / "clip.mp4", small / "prompts.json"
-    first = segpipe(
-        "run",
+    # the stores are made in this process (what `run`, `decode`, `encode` call); the
+    # commands the test is about, the ones that take the store's settings, run as commands
+    api.run(
         video,
-        "--store",
         store,
-        "--prompts",
         prompts,
-        "--model",
-        "segpipe_tiny",
-        "--image-size",
-        128,
-        "--chunk-size",
-        8,
-        "--export",
-        "none",
+        model="segpipe_tiny",
+        image_size=128,
+        chunk_size=8,
+        exports=[],
+        progress=False,
     )
-    assert first.returncode == 0, first.stderr
     again = segpipe("run", video, "--store", store, "--prompts", prompts, "--export", "none")
     assert again.returncode == 0, again.stderr
     said = [line for line in again.stderr.splitlines() if "the store's settings" in line]
@@ -249,32 +242,19 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
     ], again.stderr
     assert "already complete" in again.stderr
     seeded = tmp_path / "seeded.zarr"
-    assert (
-        segpipe(
-            "decode", video, "--store", seeded, "--chunk-size", 4, "--image-size", 128, "--quiet"
-        ).returncode
-        == 0
-    )
-    assert segpipe("encode", "--store", seeded, "--random-weights", 3, "--quiet").returncode == 0
+    decode(video, seeded, chunk_size=4, image_size=128, quiet=True)
+    api.encode(seeded, random_weights=3, progress=False)
     proc = segpipe("encode", "--store", seeded)
     assert proc.returncode == 0, proc.stderr
     assert "encode: the store's settings: --random-weights 3" in proc.stderr
 
 
-def test_a_file_export_given_a_folder_writes_into_it(small, tmp_path):
-    """`export --format vis-json --out some_dir/` used to write a file named some_dir."""
+def test_a_file_export_given_a_folder_writes_into_it(finished, tmp_path):
+    """`export --format vis-json --out some_dir/` used to write a file named some_dir.
+    (On a copy of a finished run's store: each export here goes to a new --out.)"""
     import json
 
-    store = tmp_path / "s.zarr"
-    assert (
-        segpipe(
-            *run_args(small, store),
-            "--export",
-            "none",
-            "--quiet",
-        ).returncode
-        == 0
-    )
+    store = shutil.copytree(finished[1], tmp_path / "s.zarr")
     folder = tmp_path / "out"
     proc = segpipe("export", "--store", store, "--format", "vis-json", "--out", f"{folder}/")
     assert proc.returncode == 0, proc.stderr
@@ -344,13 +324,12 @@ def test_a_file_that_is_no_checkpoint_is_said_so_in_one_line(small, tmp_path):
     )
 
 
-def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(small, tmp_path):
+def test_results_go_to_stdout_and_progress_to_stderr_without_carriage_returns(
+    small, finished, tmp_path
+):
     """Not on a terminal (a pipe, a log file): no bar and no `\\r`, one plain line per stage
     on stderr; what was written where on stdout, `--quiet` or not."""
-    store = tmp_path / "s.zarr"
-    proc = segpipe(
-        *run_args(small, store),
-    )
+    proc, store = finished
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr and "\r" not in proc.stdout
     out = proc.stdout.splitlines()
@@ -430,7 +409,7 @@ def test_the_readmes_own_video_block_runs_as_written(tmp_path):
     assert len(list((tmp_path / "my_video.export" / "davis").glob("*.png"))) == 12
 
 
-def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_path):
+def test_status_is_a_short_summary_that_knows_whether_anything_runs(finished):
     """`status` used to print 55 lines for a small store (34 of them bytes per array), no
     objects, prompts or exports, and a rate and an ETA for a process long gone."""
     import json
@@ -438,14 +417,8 @@ def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_p
 
     from segpipe.store.lock import store_lock
 
-    store = tmp_path / "s.zarr"
-    assert (
-        segpipe(
-            *run_args(small, store),
-            "--quiet",
-        ).returncode
-        == 0
-    )
+    proc, store = finished
+    assert proc.returncode == 0, proc.stderr
     text = segpipe("status", "--store", store, check=True).stdout
     lines = text.splitlines()
     assert len(lines) <= 25, text
@@ -469,8 +442,19 @@ def test_status_is_a_short_summary_that_knows_whether_anything_runs(small, tmp_p
 
 
 def help_examples(command: str | None) -> list[str]:
-    """The example commands of `segpipe [command] --help`, continuation lines joined."""
-    text = segpipe(*([command] if command else []), "--help", check=True).stdout
+    """The example commands of `segpipe [command] --help`, continuation lines joined. The
+    help is asked of the CLI in this process (click's test runner), at the width click
+    formats for a command not on a terminal (80 columns less its margin of 2), so the text
+    is the command's byte for byte; `test_commands_are_listed_in_pipeline_order` and
+    test_dask's help test run `--help` as commands."""
+    from click.testing import CliRunner
+
+    from segpipe.cli import cli
+
+    args = [*([command] if command else []), "--help"]
+    result = CliRunner().invoke(cli, args, prog_name="segpipe", terminal_width=78)
+    assert result.exit_code == 0, result.output
+    text = result.output
     block = text.split("Example", 1)[1].split("\n\n", 1)[0]
     joined = re.sub(r"\\\n\s*", " ", block)
     return [line.strip() for line in joined.splitlines() if line.strip().startswith("segpipe ")]
@@ -551,13 +535,10 @@ def test_an_hf_name_without_the_network_is_refused_in_one_line_at_once(small, tm
     assert not store.exists()
 
 
-def test_a_bad_tracking_window_is_refused_in_one_line(small, tmp_path):
+def test_a_bad_tracking_window_is_refused_in_one_line(small, untracked, tmp_path):
     """`--frames` is checked against the video and the passes before anything changes."""
-    store = tmp_path / "s.zarr"
-    args = list(run_args(small, store))
-    prompts = args.index("--prompts")
-    del args[prompts : prompts + 2]
-    segpipe(*args, "--quiet", check=True)  # decoded and encoded, not tracked
+    assert untracked[0].returncode == 0, untracked[0].stderr
+    store = shutil.copytree(untracked[1], tmp_path / "s.zarr")  # decoded and encoded
     before = tree_digest(store)
     track = ("track", "--store", store, "--prompts", small / "prompts.json")
     for frames, extra, words in (

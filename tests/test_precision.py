@@ -13,6 +13,7 @@ import zarr
 from conftest import segpipe
 from oracle import oracle_tracking, same_bits
 
+import segpipe as api
 from segpipe.model import Weights, build_model
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
@@ -37,9 +38,7 @@ def predictor():
 @pytest.fixture(scope="module")
 def oracle(clip, predictor, tmp_path_factory):
     store = tmp_path_factory.mktemp("bf16o") / "o.zarr"
-    segpipe(
-        "decode", clip / "clip.mp4", "--store", store, "--image-size", SIZE, "--quiet", check=True
-    )
+    api.decode(clip / "clip.mp4", store, image_size=SIZE, progress=False)
     result = oracle_tracking(store, clip / "prompts.json", precision="bfloat16")
     plain = oracle_tracking(store, clip / "prompts.json")
     # the premise: bfloat16 autocast really changes SAM 2's results
@@ -48,19 +47,10 @@ def oracle(clip, predictor, tmp_path_factory):
 
 
 def encoded(clip, predictor, root, chunk_size, embedding_dtype):
+    """The clip decoded (`segpipe.decode`, what `segpipe decode` calls) and encoded under
+    bfloat16, in this process."""
     store = root / f"c{chunk_size}_{embedding_dtype}.zarr"
-    segpipe(
-        "decode",
-        clip / "clip.mp4",
-        "--store",
-        store,
-        "--image-size",
-        SIZE,
-        "--chunk-size",
-        chunk_size,
-        "--quiet",
-        check=True,
-    )
+    api.decode(clip / "clip.mp4", store, image_size=SIZE, chunk_size=chunk_size, progress=False)
     encode(
         store,
         random_weights=0,
@@ -108,7 +98,7 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
         features = zarr.open_group(str(copy), mode="r")["features/level0"][...]
         (copy / "features" / "level0" / "c" / "0" / "0" / "0" / "0").unlink()
         (copy / "masks" / "c" / "1" / "0" / "0" / "0").unlink()
-        segpipe("repair", "--store", copy, "--quiet", check=True)
+        api.repair(copy, progress=False)  # what `segpipe repair` calls
         got = zarr.open_group(str(copy), mode="r")
         assert np.array_equal(got["features/level0"][...], features)
         assert np.array_equal(got["masks"][...], oracle.masks["forward"])

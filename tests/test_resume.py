@@ -16,6 +16,7 @@ import zarr
 from conftest import ROOT, assert_same_store, ledger_count, popen_segpipe, segpipe, wait_for
 
 ARGS = ("--chunk-size", 8, "--image-size", 64)
+OPTIONS = dict(chunk_size=8, image_size=64, progress=False)  # ARGS, as the API takes them
 FRAMES = 360
 CHUNKS = FRAMES // 8
 
@@ -43,13 +44,22 @@ def videos(tmp_path_factory):
     return paths
 
 
+def decode(video, store) -> None:
+    """`segpipe decode VIDEO --store STORE` with ARGS, in this process: `segpipe.decode`, the
+    call the command makes (what these tests need of the command, its kills and signals,
+    they run as commands)."""
+    import segpipe
+
+    segpipe.decode(video, store, **OPTIONS)
+
+
 @pytest.fixture(scope="module")
 def references(videos, tmp_path_factory):
     out = tmp_path_factory.mktemp("refs")
     refs = {}
     for suffix, video in videos.items():
         refs[suffix] = out / f"{suffix}.zarr"
-        segpipe("decode", video, "--store", refs[suffix], *ARGS, "--quiet", check=True)
+        decode(video, refs[suffix])
     return refs
 
 
@@ -109,7 +119,7 @@ def test_every_resume_point_gives_the_same_frames(videos, references, tmp_path, 
         for name in ("frames", "pts", "timestamps"):
             group[name].resize((k * 8, *group[name].shape[1:]))
         group["ledger/decode"].resize((k,))
-        segpipe("decode", videos[suffix], "--store", store, *ARGS, "--quiet", check=True)
+        decode(videos[suffix], store)
         got = zarr.open_group(str(store), mode="r")
         assert got.attrs["frame_count"] == FRAMES, k
         for name in ("frames", "pts"):
@@ -126,7 +136,7 @@ def test_a_short_chunk_without_the_frame_count_is_decoded_again(videos, referenc
     for name in ("frames", "pts", "timestamps"):
         group[name].resize((5 * 8 + 3, *group[name].shape[1:]))
     group["ledger/decode"].resize((6,))
-    segpipe("decode", videos["mp4"], "--store", store, *ARGS, "--quiet", check=True)
+    decode(videos["mp4"], store)
     assert_same_store(references["mp4"], store)
 
 

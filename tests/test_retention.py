@@ -19,11 +19,13 @@ from conftest import (
     popen_segpipe,
     read_checked,
     run_args,
+    run_in_process,
     same_values,
     segpipe,
     tree_digest,
     wait_for,
 )
+from file_log import chunks_opened
 
 STAGES = [
     "decode",
@@ -55,18 +57,66 @@ def assert_same_results(a: Path, b: Path) -> None:
     assert export_files(a) == export_files(b)
 
 
+RECORDING = """
+import sys
+sys.path.insert(0, "tests")
+import file_log
+import kill_points
+
+file_log.record("/features/level", sys.argv[1])
+kill_points.cli(sys.argv[2:])
+"""
+
+
+def recorded_run(store: Path, args) -> Path:
+    """segpipe's command line with `args`, the feature files it opens recorded in a log
+    beside `store` (returned)."""
+    log = store.with_name("features.log")
+    subprocess.run(
+        [sys.executable, "-c", RECORDING, str(log), *map(str, args)],
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+        capture_output=True,
+    )
+    return log
+
+
 @pytest.fixture(scope="module")
 def keep_all(small, tmp_path_factory) -> Path:
     store = tmp_path_factory.mktemp("all") / "run.zarr"
-    segpipe(*run_args(small, store), "--keep", "all", "--quiet", check=True)
+    recorded_run(store, [*run_args(small, store), "--keep", "all", "--quiet"])
     return store
 
 
 @pytest.fixture(scope="module")
 def keep_masks(small, tmp_path_factory) -> Path:
     store = tmp_path_factory.mktemp("masks") / "run.zarr"
-    segpipe(*run_args(small, store), "--keep", "masks", "--quiet", check=True)
+    recorded_run(store, [*run_args(small, store), "--keep", "masks", "--quiet"])
     return store
+
+
+PROMPTED_CHUNKS = {1, 2}  # the small clip's prompts: frames 5, 8 and 11, in chunks of 4
+
+
+def test_the_tracker_never_reads_back_the_features_it_was_handed(keep_all):
+    """`run` encodes each chunk just before a pass tracks it and hands the features to the
+    tracker in memory: under `--keep all` every chunk's features are written (and committed),
+    and not one feature file is read back, though both passes read the prompted chunks
+    (the prompts are applied from them, then each pass tracks the first)."""
+    log = keep_all.with_name("features.log")
+    assert chunks_opened(log, "w") == set(range(6))
+    assert chunks_opened(log, "r") == set()
+
+
+def test_keep_masks_writes_only_the_features_a_later_read_needs(keep_masks, keep_all):
+    """Under `--keep masks` a chunk that only the pass at hand reads (the forward pass's
+    chunks after the prompts, the reverse pass's before them) never reaches the disk: the
+    features written are those of the prompted chunks, which both passes read. The masks
+    and exports are those of `--keep all`."""
+    log = keep_masks.with_name("features.log")
+    assert chunks_opened(log, "w") == PROMPTED_CHUNKS
+    assert chunks_opened(log, "r") == set()
+    assert_same_results(keep_all, keep_masks)
 
 
 def test_keep_masks_drops_frames_and_features_and_gives_the_same_masks(keep_all, keep_masks):
@@ -104,7 +154,7 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
             proc.wait()
             killed += 1
     assert killed >= 3
-    segpipe(*run_args(small, store), "--keep", "masks", "--quiet", check=True)
+    run_in_process(small, store, keep="masks")  # the same run again, to the end (in this process)
     assert_same_results(keep_all, store)
     for name in ("frames", "features/level2"):
         assert chunk_files(store, name) == [], name
@@ -131,26 +181,21 @@ def retrack(store: Path, prompts: Path, direction: str) -> int:
 
 
 def assert_same_as_fresh(small: Path, store: Path, prompts: Path, direction: str, tmp_path: Path):
+    """The masks of `store` are those of a fresh `run --prompts PROMPTS --direction D
+    --export none` (made in this process: `segpipe.run`, what the command calls)."""
+    import segpipe as api
+
     fresh = tmp_path / "fresh.zarr"
-    segpipe(
-        "run",
+    api.run(
         small / "clip.mp4",
-        "--store",
         fresh,
-        "--prompts",
         prompts,
-        "--direction",
-        direction,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-        "--export",
-        "none",
-        "--quiet",
-        check=True,
+        direction=direction,
+        chunk_size=4,
+        image_size=128,
+        random_weights=0,
+        exports=[],
+        progress=False,
     )
     for name in ("masks", "object_scores", "tracked"):
         assert same_values(read_checked(store, name), read_checked(fresh, name)), name
@@ -280,7 +325,7 @@ import sys
 sys.path.insert(0, "tests")
 import kill_points
 
-kill_points.mid_write("/features/level0/", nth=3)
+kill_points.mid_write("/features/level0/", nth=2)  # (the 2nd of the prompted chunks)
 kill_points.cli(sys.argv[1:])
 """
 
@@ -300,6 +345,6 @@ def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, tm
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert list(store.glob("features/**/*.partial")), "the kill landed mid-write"
-    segpipe(*args, "--quiet", check=True)
+    run_in_process(small, store, keep="masks")  # the same run again, to the end (in this process)
     assert list(store.rglob("*.partial")) == []
     assert_same_results(keep_all, store)

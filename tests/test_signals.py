@@ -7,7 +7,14 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, assert_same_store, ledger_count, run_args, segpipe, wait_for
+from conftest import (
+    ROOT,
+    assert_same_store,
+    ledger_count,
+    run_args,
+    run_in_process,
+    wait_for,
+)
 
 STAGES = ("decode", "encode", "track_forward", "track_reverse")
 
@@ -22,7 +29,7 @@ def progress(store):
 
 def test_second_signal_always_exits_with_the_hint(small, tmp_path):
     reference = tmp_path / "ref.zarr"
-    segpipe(*args(small, reference), "--quiet", check=True)
+    run_in_process(small, reference, exports=[])  # uninterrupted, in this process
     total = progress(reference)
     store = tmp_path / "s.zarr"
     rng = random.Random(3)
@@ -49,7 +56,7 @@ def test_second_signal_always_exits_with_the_hint(small, tmp_path):
         assert "run the same command again to continue" in err, err
         assert "Traceback" not in err and "Exception ignored" not in err, err
     assert len(outcomes) >= 3 and progress(store) < total or len(outcomes) == 4
-    segpipe(*args(small, store), "--quiet", check=True)
+    run_in_process(small, store, exports=[])  # the same run again, to the end (in this process)
     assert_same_store(reference, store)
 
 

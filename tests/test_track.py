@@ -29,6 +29,7 @@ from conftest import (
 )
 from oracle import oracle_tracking, same_bits
 
+from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
@@ -39,24 +40,13 @@ CHUNK_SIZES = [1, 3, 7, 16, 64]
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, clip_dir, predictor):
-    """One encoded store per chunk size (decode by the CLI, encode in-process). Read-only:
-    copy one (`copy_of`) before tracking in it."""
+    """One encoded store per chunk size (decoded and encoded in-process, by the stage
+    functions the CLI calls). Read-only: copy one (`copy_of`) before tracking in it."""
     root = tmp_path_factory.mktemp("track")
     out = {}
     for C in CHUNK_SIZES:
         store = root / f"c{C}.zarr"
-        segpipe(
-            "decode",
-            clip_dir / "clip.mp4",
-            "--store",
-            store,
-            "--chunk-size",
-            C,
-            "--image-size",
-            IMAGE_SIZE,
-            "--quiet",
-            check=True,
-        )
+        decode(clip_dir / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, quiet=True)
         encode(store, random_weights=0, quiet=True, predictor=predictor)
         out[C] = store
     return out
@@ -64,11 +54,13 @@ def stores(tmp_path_factory, clip_dir, predictor):
 
 @pytest.fixture(autouse=True)
 def stores_stay_unchanged(request):
-    """Guards the read-only rule: no test may change a shared store."""
+    """Guards the read-only rule: no test may change a shared store (`tracked7` too)."""
     if "stores" not in request.fixturenames:
         yield
         return
-    stores = request.getfixturevalue("stores")
+    stores = dict(request.getfixturevalue("stores"))
+    if "tracked7" in request.fixturenames:
+        stores["tracked7"] = request.getfixturevalue("tracked7")
     before = {C: tree_mtimes(s) for C, s in stores.items()}
     yield
     assert {C: tree_mtimes(s) for C, s in stores.items()} == before, "a shared store changed"
@@ -76,6 +68,15 @@ def stores_stay_unchanged(request):
 
 def copy_of(stores, chunk_size, tmp_path):
     return shutil.copytree(stores[chunk_size], tmp_path / f"c{chunk_size}.zarr")
+
+
+@pytest.fixture(scope="module")
+def tracked7(stores, clip_dir, predictor, tmp_path_factory):
+    """The chunk-size-7 store tracked in both directions with the clip's prompts, in one
+    band of rows. Read-only: copy it before tracking or exporting in it."""
+    store = copy_of(stores, 7, tmp_path_factory.mktemp("tracked7"))
+    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+    return store
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,7 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
 
 
 def test_masks_in_bands_of_rows_are_the_same(
-    stores, oracle, clip_dir, predictor, tmp_path, monkeypatch
+    stores, tracked7, oracle, clip_dir, predictor, tmp_path, monkeypatch
 ):
     """Large frames chunk their masks in bands of rows too (a zarr chunk stays within
     `MASK_CHUNK_BYTES`): here 50 rows at chunk size 7, so bands 0..49, 50..99 and a short
@@ -199,8 +200,7 @@ def test_masks_in_bands_of_rows_are_the_same(
     from segpipe.stages.export.stage import export
     from segpipe.store import masks as maskio
 
-    whole = copy_of(stores, 7, tmp_path / "whole")
-    track(whole, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+    whole = shutil.copytree(tracked7, tmp_path / "whole" / "c7.zarr")
     monkeypatch.setattr(maskio, "MASK_CHUNK_BYTES", 7 * 160 * 50)
     store = copy_of(stores, 7, tmp_path)
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
@@ -222,7 +222,9 @@ def test_masks_in_bands_of_rows_are_the_same(
         ), fmt
 
 
-def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_path):
+def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_path, predictor):
+    """`segpipe track` killed (-9) mid-pass, then tracked again with the stored prompts and
+    direction (in this process): SAM 2's masks."""
     rng = random.Random(4)
     store = copy_of(stores, 3, tmp_path)
     target = rng.randint(1, 8)
@@ -234,13 +236,14 @@ def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_p
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "track_forward") < 11  # 31 forward frames in chunks of 3
-    segpipe("track", "--store", store, "--quiet", check=True)  # the stored prompts and direction
+    track(store, None, quiet=True, predictor=predictor)  # the stored prompts and direction
     assert_matches_oracle(store, oracle, "both", "killed")
 
 
-def test_reprompting_retracks_without_the_encoder(stores, clip_dir, tmp_path, predictor):
-    store = copy_of(stores, 7, tmp_path)
-    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+def test_reprompting_retracks_without_the_encoder(tracked7, clip_dir, tmp_path, predictor):
+    """A store tracked with the clip's prompts, tracked again with new ones: the passes run
+    again without the image encoder and give SAM 2's masks for the new prompts."""
+    store = shutil.copytree(tracked7, tmp_path / "c7.zarr")
     masks = np.load(clip_dir / "masks.npy")
     ys, xs = np.nonzero(masks[25, 2])
     second = tmp_path / "second.json"

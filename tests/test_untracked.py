@@ -20,19 +20,12 @@ START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..
 
 @pytest.fixture(scope="module")
 def encoded(tmp_path_factory, clip_dir, predictor):
+    """The clip decoded (`segpipe.decode`, what `segpipe decode` calls) and encoded in
+    chunks of C, in this process. Read-only: tests copy it."""
+    import segpipe as api
+
     store = tmp_path_factory.mktemp("untracked") / "enc.zarr"
-    segpipe(
-        "decode",
-        clip_dir / "clip.mp4",
-        "--store",
-        store,
-        "--chunk-size",
-        C,
-        "--image-size",
-        IMAGE_SIZE,
-        "--quiet",
-        check=True,
-    )
+    api.decode(clip_dir / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, progress=False)
     encode(store, random_weights=0, quiet=True, predictor=predictor)
     return store
 

@@ -136,7 +136,10 @@ def _client(workers: int | None, scheduler: str | None):
                         n_workers=workers,
                         threads_per_worker=1,
                         processes=True,
-                        silence_logs=logging.ERROR,
+                        # its workers print nothing: a task's failure comes back to the
+                        # client, and a worker whose client was killed logs, on the way
+                        # out, a traceback per failed heartbeat on the user's terminal
+                        silence_logs=logging.CRITICAL,
                         dashboard_address=dashboard,
                     )
                 )
@@ -322,8 +325,8 @@ class Cluster:
             self.client.cancel(list(self.background))
             if isinstance(e, KilledWorker):
                 raise SegpipeError(
-                    f"Dask workers died running {e.task} (each time it was "
-                    f"tried); see the workers' logs"
+                    f"Dask workers died running {e.task} (each time it was tried: out "
+                    f"of memory? try a smaller --chunk-size); finished chunks are kept"
                 ) from None
             if isinstance(e, FutureCancelledError):
                 raise SegpipeError(

@@ -339,7 +339,7 @@ def run_passes(
         supply = ChunkSupply(store, predictor, todo, starts, prompt_chunks, batch_size, bar)
         supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
         vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
-        features = StoredFeatures(store, predictor.device, vision_pos)
+        features = StoredFeatures(store, predictor.device, vision_pos, supply.held)
         for d in pending:
             tracker = Tracker(
                 predictor,

@@ -2,9 +2,18 @@
 
 A chunk whose features are not on disk (never encoded yet: `run` encodes just before the
 tracker needs a chunk; or dropped: `--keep masks`) is encoded just before a pass tracks it,
-its frames decoded again from the source first where they were dropped. Under `--keep
-masks` a chunk's frames go once it is encoded, and its features once no pass still to run
-needs them (see `segpipe.store.retention`).
+its frames decoded again from the source first where they were dropped. The tracker gets
+what was encoded from memory (`held`), never reading back what it was just handed: each
+chunk encoded here is held until no pass still to run needs it, at most `HOLD` chunks
+(beyond that the oldest on disk goes; a later read of it reads the store).
+
+Under `--keep all` every chunk encoded is written and committed as the encode stage does.
+Under `--keep masks` the chunks of the prompted frames are written (a pass encodes them all
+before it applies the prompts, and the passes read them again), and a chunk that a pass
+tracks only where another read of it is still to come: the others never reach the disk, so
+memory holds only the chunk in work beyond what is on disk. A chunk's frames go once it is
+encoded, and its features once no pass still to run needs them (see
+`segpipe.store.retention`).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.encode import FramesOnDisk, encode_chunk
 from segpipe.store.retention import drop, has, keep_setting, on_disk
 from segpipe.store.runstore import RunStore
+
+HOLD = 3  # chunks of features held in memory at most (the chunk in work, prompted ones)
 
 
 class ChunkSupply:
@@ -37,6 +48,7 @@ class ChunkSupply:
         self.prompt_chunks = sorted(prompt_chunks)
         self.prompts = {d: set(prompt_chunks) if starts[d] else set() for d in todo}
         self.frames_of = FramesOnDisk(store)
+        self.held: dict[int, list] = {}  # chunk -> its levels as stored, encoded here
 
     @staticmethod
     def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
@@ -47,15 +59,37 @@ class ChunkSupply:
         return sorted(k for k in wanted if k not in here)
 
     def ensure(self, k: int) -> None:
-        """Chunk k's features on disk (encoded now if they are not)."""
-        if not has(self.store, "features", k):  # (its frames dropped then, under keep masks)
-            encode_chunk(self.store, self.predictor, k, self.frames_of, self.batch_size)
-            if self.bar is not None:
-                lo, hi = self.store.plan.bounds(k)
-                self.bar.update(hi - lo)
+        """Chunk k's features held or on disk, encoded now if they are neither (its frames
+        decoded again first where they were dropped)."""
+        if k in self.held or has(self.store, "features", k):
+            return
+        write = self.keep == "all" or k in self.prompt_chunks or self._reads(k) > 1
+        self.held[k] = encode_chunk(
+            self.store, self.predictor, k, self.frames_of, self.batch_size, write
+        )
+        self._bound()
+        if self.bar is not None:
+            lo, hi = self.store.plan.bounds(k)
+            self.bar.update(hi - lo)
+
+    def _reads(self, k: int) -> int:
+        """The reads of chunk k still to come: each pass that tracks it, each that applies
+        prompts from it."""
+        return sum(k in r for r in self.remaining.values()) + sum(
+            k in p for p in self.prompts.values()
+        )
+
+    def _bound(self) -> None:
+        """At most `HOLD` chunks held: the oldest of those on disk go (never one that only
+        memory holds: the chunk in work, tracked once)."""
+        for k in [k for k in self.held if has(self.store, "features", k)]:
+            if len(self.held) <= HOLD:
+                break
+            del self.held[k]
 
     def has(self, k: int) -> bool:
-        return has(self.store, "features", k)
+        """Whether chunk k's features are held or on disk (ready to read)."""
+        return k in self.held or has(self.store, "features", k)
 
     def prompted(self, direction: str) -> None:
         """Pass `direction` has applied the prompts (read their frames' features)."""
@@ -76,10 +110,10 @@ class ChunkSupply:
         self._drop_unneeded(k)
 
     def _drop_unneeded(self, k: int) -> None:
-        needed = any(k in r for r in self.remaining.values()) or any(
-            k in p for p in self.prompts.values()
-        )
-        if self.keep == "masks" and not needed and has(self.store, "features", k):
+        if self._reads(k):
+            return
+        self.held.pop(k, None)
+        if self.keep == "masks" and has(self.store, "features", k):
             drop(self.store, "features", k)
 
 

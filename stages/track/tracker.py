@@ -27,11 +27,13 @@ class StoredFeatures(dict):
     """Stands in for the predictor's `cached_features`: every lookup is a hit, served from the
     chunk of stored embeddings currently loaded, so the image encoder is never called. Each
     level comes back in the dtype and memory layout SAM 2 computed it in; the next chunk is
-    read from the store while the current one is tracked."""
+    read from the store while the current one is tracked. A chunk in `held` (chunk -> its
+    levels as stored: encoded in this process) is taken from there, not read back."""
 
-    def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor]):
+    def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor], held=None):
         super().__init__()
         self.store, self.device, self.pos_enc = store, device, pos_enc
+        self.held = {} if held is None else held
         self.lo, self.levels = 0, []
         self.kinds = [level_kind(store, n) for n in LEVELS]
         self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
@@ -39,9 +41,13 @@ class StoredFeatures(dict):
         self.ahead = None  # ((lo, hi), future of the host tensors)
 
     def _read(self, lo: int, hi: int) -> list[torch.Tensor]:
+        """Frames lo..hi (of one chunk) of every level, from memory where held."""
+        k = self.store.plan.chunk_of(lo)
+        held, start = self.held.get(k), self.store.plan.bounds(k)[0]
         host = []
-        for name, (stored, computed, _) in zip(LEVELS, self.kinds):
-            feats = from_storage(self.store.read(name, lo, hi), stored).to(computed)
+        for i, (name, (stored, computed, _)) in enumerate(zip(LEVELS, self.kinds)):
+            a = self.store.read(name, lo, hi) if held is None else held[i][lo - start : hi - start]
+            feats = from_storage(a, stored).to(computed)
             host.append(feats.pin_memory() if self.device.type == "cuda" else feats)
         return host
 
@@ -322,7 +328,7 @@ class Tracker:
         self.write(k, lo, host_masks.numpy(), scores, mine, memory)
 
     def load_features(self, k: int, lo: int, hi: int) -> None:
-        """Load chunk k's features; read the next chunk's ahead if they are on disk."""
+        """Load chunk k's features; read the next chunk's ahead if they are ready."""
         self.features.load(lo, hi)
         if k in self.after and self.supply.has(self.after[k]):
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
