@@ -162,7 +162,7 @@ WINDOWS = [
 
 @pytest.mark.parametrize("direction, window, chunk_size, arguments", WINDOWS)
 def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
-    stores, clip_dir, predictor, direction, window, chunk_size, arguments, tmp_path
+    stores, clip_dir, predictor, direction, window, chunk_size, arguments, tmp_path, request
 ):
     store = copy_of(stores, chunk_size, tmp_path)
     lo, hi = window
@@ -188,6 +188,10 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
     before = tree_digest(store)
     track(store, None, quiet=True, predictor=predictor)
     assert tree_digest(store) == before
+    if direction == "both":  # and `--frames :` tracks the whole video again, as SAM 2 does
+        track(store, None, quiet=True, predictor=predictor, frames=":")
+        assert "frames" not in RunStore.open(store).attrs["track"]
+        assert_matches_oracle(store, request.getfixturevalue("oracle"), "both", "whole")
 
 
 def test_masks_in_bands_of_rows_are_the_same(
