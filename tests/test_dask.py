@@ -233,7 +233,7 @@ def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_
     assert committed(store, "track_reverse")[1] >= forward_commit
 
 
-def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
+def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, request):
     """Another run took the store's lock (released, then taken again: a new token) while
     tasks of the first were on the workers. Those tasks write nothing: refused at their
     start, and, for those past their start (the store opened under the old lease, as a task
@@ -241,10 +241,16 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path):
     finish the store as the single-process run made it. An export task whose export is not
     the recorded one (here another folder) is refused and leaves the record and ledger as
     they were. In process, on a real store: the lock is held by this test."""
+    import torch
+
     from segpipe.dask import tasks as units
     from segpipe.errors import StoreLocked, StoreMismatch
     from segpipe.store.lock import store_lock, token
     from segpipe.store.runstore import RunStore
+
+    # the tasks set this process's torch thread count to theirs (1): given back after, so
+    # the tests after this one in this process compute at the count it started with
+    request.addfinalizer(lambda threads=torch.get_num_threads(): torch.set_num_threads(threads))
 
     store = tmp_path / "clip.zarr"
     shutil.copytree(reference, store)

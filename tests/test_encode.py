@@ -111,6 +111,8 @@ def test_checkpoint_file_gives_the_random_weights_features(decoded, encoded, tmp
 def test_kill_mid_encode_then_resume_is_identical(decoded, encoded, tmp_path, predictor):
     """kill -9 mid-encode, then the same command again: the features of an uninterrupted
     encode (the module's `encoded` store, only read here), and a further encode is a no-op."""
+    import segpipe as api
+
     ref = encoded
     store = copy_store(decoded, tmp_path / "killed.zarr")
     proc = popen_segpipe("encode", "--store", store, "--random-weights", 0)
@@ -120,7 +122,7 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, encoded, tmp_path, pr
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "encode") < 5
-    encode(store, random_weights=0, quiet=True, predictor=predictor)  # again, in this process
+    api.encode(store, random_weights=0, progress=False)  # the command's call, in this process
     ga, gb = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(store), mode="r")
     for name in LEVELS:
         assert np.array_equal(ga[name][...], gb[name][...]), name

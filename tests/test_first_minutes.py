@@ -22,7 +22,7 @@ def untracked(small, tmp_path_factory):
     """`run` without prompts on the small clip: (the finished command, its store). The
     store is decoded and encoded, not tracked. Read-only: copy it before changing it."""
     store = tmp_path_factory.mktemp("untracked") / "s.zarr"
-    return segpipe(*untracked_args(small, store)), store
+    return segpipe(*untracked_args(small, store), check=True), store
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def finished(small, tmp_path_factory):
     and not --quiet: (the finished command, its store). Read-only: copy it before
     changing it."""
     store = tmp_path_factory.mktemp("finished") / "s.zarr"
-    return segpipe(*run_args(small, store)), store
+    return segpipe(*run_args(small, store), check=True), store
 
 
 def test_version():

@@ -205,6 +205,7 @@ def test_masks_in_bands_of_rows_are_the_same(
     from segpipe.store import masks as maskio
 
     whole = shutil.copytree(tracked7, tmp_path / "whole" / "c7.zarr")
+    assert RunStore.open(whole).array("masks").chunks == (7, 1, 120, 160)  # one band
     monkeypatch.setattr(maskio, "MASK_CHUNK_BYTES", 7 * 160 * 50)
     store = copy_of(stores, 7, tmp_path)
     track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
