@@ -242,31 +242,30 @@ class FramesOnDisk:
         return self.store.read("frames", *self.plan.bounds(k))
 
 
-def write_features(store: RunStore, k: int, levels, kinds) -> None:
+def write_features(store: RunStore, k: int, levels, kinds, write: bool = True) -> None:
     """Write chunk k's levels and commit it. A level's array is made by the first chunk
     written that finds it missing (its shape, dtype and layout are known once the model has
     produced them), the same whoever makes it (`level_array`): a kill between the levels
-    leaves some made, and the next chunk makes the others."""
+    leaves some made, and the next chunk makes the others.
+
+    `write` False (under `--keep masks`, levels that only the pass at hand reads, which has
+    them in memory): the level arrays are made all the same, and the chunk is recorded
+    encoded and dropped at once, as if written and dropped after its tracking; no byte of
+    it is written. A crash before the pass commits it costs its encoding again, as for a
+    dropped chunk."""
     lo, hi = store.plan.bounds(k)
     for name, feats, kind in zip(LEVELS, levels, kinds):
-        level_array(store, name, feats.shape[1:], feats.dtype, kind)[lo:hi] = feats
-    store.commit(STAGE, k, list(LEVELS))
-    restored(store, "features", k)
+        arr = level_array(store, name, feats.shape[1:], feats.dtype, kind)
+        if write:
+            arr[lo:hi] = feats
+    if write:
+        store.commit(STAGE, k, list(LEVELS))
+        restored(store, "features", k)
+    else:
+        drop(store, "features", k)  # recorded dropped before it counts as encoded
+        store.commit(STAGE, k)
     if keep_setting(store) == "masks":
         drop(store, "frames", k)  # encoded: nothing reads them again
-
-
-def pass_features(store: RunStore, k: int, levels, kinds) -> None:
-    """Under `--keep masks`, chunk k's levels that only the pass at hand reads, which has
-    them in memory: the level arrays are made (the features' shapes and dtypes) and the
-    chunk is recorded encoded and dropped at once, as if written and dropped after its
-    tracking; no byte of it is written. A crash before the pass commits it costs its
-    encoding again, as for a dropped chunk."""
-    for name, feats, kind in zip(LEVELS, levels, kinds):
-        level_array(store, name, feats.shape[1:], feats.dtype, kind)
-    drop(store, "features", k)  # recorded dropped before it counts as encoded
-    store.commit(STAGE, k)
-    drop(store, "frames", k)  # encoded: nothing reads them again
 
 
 def encode_chunk(
@@ -278,14 +277,14 @@ def encode_chunk(
     write: bool = True,
 ) -> list[np.ndarray]:
     """Encode chunk k (again, where its features were dropped) as the stage encodes it: the
-    store's embedding dtype and precision. Returns its levels as stored; `write` False:
-    not written (`pass_features`)."""
+    store's embedding dtype and precision. Returns its levels as stored; `write`: see
+    `write_features`."""
     spec = store.attrs["model"]
     frames = frames_of(k)
     levels, kinds = encode_frames(
         predictor, frames, batch_size, spec["embedding_dtype"], spec["precision"]
     )
-    (write_features if write else pass_features)(store, k, levels, kinds)
+    write_features(store, k, levels, kinds, write)
     return levels
 
 

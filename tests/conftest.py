@@ -67,6 +67,13 @@ def assert_user_error(proc, *words):
         assert w.lower() in lines[0].lower(), (w, lines[0])
 
 
+def require_root(reason: str) -> None:
+    """Skip a test that needs root where it runs without; in CI (`.ci/run` sets SEGPIPE_CI,
+    and runs as root) fail instead: there every test must run."""
+    if os.geteuid() != 0:
+        (pytest.fail if os.environ.get("SEGPIPE_CI") else pytest.skip)(f"{reason} needs root")
+
+
 def wait_for(predicate, proc, timeout=120.0):
     import time
 

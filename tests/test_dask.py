@@ -28,6 +28,7 @@ from conftest import (  # noqa: E402
     assert_same_store,
     assert_user_error,
     ledger_count,
+    require_root,
     run_args,
     segpipe,
     tree_digest,
@@ -497,8 +498,7 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
 def test_workers_that_cannot_see_the_store_are_refused(small, scheduler, tmp_path):
     """A worker whose file system is not the client's (here: a private mount namespace with
     an empty tmpfs over the test's folder) is refused before anything is written."""
-    if os.geteuid() != 0:  # as root (CI runs so) the test must run: no unshare fails it
-        pytest.skip("a private mount namespace needs root")
+    require_root("a private mount namespace")  # as root no unshare fails the test
     address, worker = scheduler
     hidden = tmp_path / "here"
     hidden.mkdir()

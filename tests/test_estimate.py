@@ -21,6 +21,7 @@ from conftest import (
     assert_user_error,
     ledger_count,
     make_sample,
+    require_root,
     segpipe,
     tree_digest,
     wait_for,
@@ -161,8 +162,7 @@ def small_fs(tmp_path):
     def mount(size: str) -> Path:
         where = tmp_path / f"fs{len(mounted)}"
         where.mkdir()
-        if os.geteuid() != 0:  # as root (CI runs so) the test must run: no mount fails it
-            pytest.skip("mounting a small tmpfs needs root")
+        require_root("mounting a small tmpfs")  # as root no mount fails the test
         proc = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
             capture_output=True,

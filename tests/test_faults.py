@@ -1,7 +1,6 @@
 """Crash safety: kill -9 anywhere, Ctrl-C, two writers, a full disk, changed inputs, damage."""
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -19,6 +18,7 @@ from conftest import (
     assert_user_error,
     ledger_count,
     popen_segpipe,
+    require_root,
     run_args,
     run_in_process,
     segpipe,
@@ -151,10 +151,8 @@ def test_disk_full_then_space_freed_continues_identically(small, reference, tmp_
     except OSError as e:  # no mount command
         error = str(e)
     if error:
-        reason = f"cannot mount a small tmpfs: {error}"
-        if os.geteuid() == 0:  # `make test` as root, as CI runs it: the test must run
-            pytest.fail(reason)
-        pytest.skip(f"{reason} (needs root)")
+        require_root(f"a small tmpfs ({error})")
+        pytest.fail(f"cannot mount a small tmpfs: {error}")  # as root the test must run
     try:
         store = mount / "run.zarr"
         # the space check would refuse to start: the disk must fill mid-run here

@@ -30,10 +30,9 @@ class StoredFeatures(dict):
     read from the store while the current one is tracked. A chunk in `held` (chunk -> its
     levels as stored: encoded in this process) is taken from there, not read back."""
 
-    def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor], held=None):
+    def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor], held: dict):
         super().__init__()
-        self.store, self.device, self.pos_enc = store, device, pos_enc
-        self.held = {} if held is None else held
+        self.store, self.device, self.pos_enc, self.held = store, device, pos_enc, held
         self.lo, self.levels = 0, []
         self.kinds = [level_kind(store, n) for n in LEVELS]
         self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
