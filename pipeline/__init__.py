@@ -12,7 +12,18 @@ Every name of the API is listed in `__all__`. `import segpipe` does not import t
 calls that run the model import it.
 """
 
-from segpipe.api import dataset, decode, encode, evaluate, export, open, repair, run, track
+from segpipe.api import (
+    dataset,
+    decode,
+    encode,
+    evaluate,
+    export,
+    open,
+    repair,
+    run,
+    studio,
+    track,
+)
 from segpipe.errors import (
     BadInput,
     DamagedStore,
@@ -33,6 +44,8 @@ __all__ = [
     "track",
     "export",
     "repair",
+    # the browser studio over a store
+    "studio",
     # datasets (SAM 2's vos_inference) and their DAVIS J&F
     "dataset",
     "evaluate",

@@ -184,7 +184,8 @@ def track(
     """Track the prompted objects through the video from the stored embeddings.
 
     `prompts`: a prompts file path, a list of its entries (dicts), or `segpipe.Prompt`
-    objects; None reuses the store's last prompts. `direction`: "both" (default),
+    objects; None takes the store's (the prompts segpipe studio saved, else the last
+    tracked ones). `direction`: "both" (default),
     "forward" or "reverse". New prompts or options discard the old tracking and retrack.
 
     How masks are made (None: the store's, else SAM 2's predictor defaults):
@@ -239,10 +240,10 @@ def export(
     progress: bool = True,
 ) -> Path:
     """Export the tracked masks: "davis" (a folder of indexed PNGs), "vis-json"
-        (YouTube-VIS RLE JSON), "overlay" (an MP4) or "frames" (the overlay as a folder of
-        JPEGs). Returns the output path. `per_object` (davis): one folder of 0/1 PNGs per object,
+        (YouTube-VIS RLE JSON), "overlay" (an MP4), "frames" (the overlay as a folder of
+        JPEGs) or "cvat" (CVAT for video 1.1 XML, one mask track per object). Returns the output path. `per_object` (davis): one folder of 0/1 PNGs per object,
     `<id:03d>/<frame>.png` (SA-V's layout; ids need not fit 1..255). A file format given a folder (an existing one, or a
-        path ending in "/") writes into it, as `masks.json` or `overlay.mp4`.
+        path ending in "/") writes into it, as `masks.json`, `overlay.mp4` or `annotations.xml`.
 
         Example:
             >>> segpipe.export("clip.zarr", "davis", "clip_davis/", frames=slice(0, 300), objects=[1])
@@ -250,7 +251,7 @@ def export(
     from segpipe.stages.export.stage import OUTPUT_NAMES
     from segpipe.stages.export.stage import export as export_stage
 
-    if format in ("vis-json", "overlay") and (str(out).endswith("/") or Path(out).is_dir()):
+    if format in ("vis-json", "overlay", "cvat") and (str(out).endswith("/") or Path(out).is_dir()):
         out = Path(out) / OUTPUT_NAMES[format]
     if isinstance(frames, slice):
         if frames.step not in (None, 1):
@@ -518,3 +519,61 @@ def evaluate(
     from segpipe.vos.davis import evaluate as evaluate_dirs
 
     return evaluate_dirs(results_dir, gt_dir, videos=videos, per_object_png=per_obj_png_file)
+
+
+def studio(
+    path,
+    *,
+    store=None,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    model: str | None = None,
+    checkpoint: str | None = None,
+    random_weights: int | None = None,
+    device: str = "auto",
+    chunk_size: int | None = None,
+    image_size: int | None = None,
+    stream: int | None = None,
+    fps: float | None = None,
+    open_page: bool = False,
+    progress: bool = True,
+) -> None:
+    """Serve segpipe studio (prompt, review and correct in the browser) over a store, until
+    Ctrl-C. `path`: a store, or a video / frame folder, first decoded into `store` (default
+    `<name>.zarr` beside it; `chunk_size`, `image_size`, `stream`, `fps` as `decode` takes
+    them, the image size by default the one `model`'s weights were trained at). `model`,
+    `checkpoint`, `random_weights`: as `encode` takes them, for a store not yet encoded
+    (Track encodes the chunks as it tracks them). A `host` other than loopback requires the
+    token the printed URL carries.
+
+    Example:
+        >>> segpipe.studio("clip.mp4", store="clip.zarr", model="segpipe_tiny")
+    """
+    from segpipe.web.server import serve
+
+    path = Path(path)
+    if not (path / "zarr.json").is_file():
+        if not path.exists():
+            raise BadInput(f"{path} does not exist: give a store, a video or a frame folder")
+        store = Path(store) if store is not None else path.with_name(path.stem + ".zarr")
+        if image_size is None and not (store / "zarr.json").is_file():
+            weights = resolve_weights(model or DEFAULT_MODEL, checkpoint, random_weights)
+            image_size = defaults.trained_image_size(weights, not progress)
+        decode(
+            path,
+            store,
+            chunk_size=chunk_size,
+            image_size=image_size,
+            stream=stream,
+            fps=fps,
+            progress=progress,
+        )
+        path = store
+    serve(
+        path,
+        host,
+        port,
+        dict(model=model, checkpoint=checkpoint, random_weights=random_weights),
+        device,
+        open_page,
+    )

@@ -115,6 +115,30 @@ def encode_options(f):
     return f
 
 
+def studio_model_options(f):
+    """The studio's --model, --checkpoint and --random-weights: encode's, for a store not
+    yet encoded (Track encodes its chunks as it tracks them)."""
+    from segpipe.model import DEFAULT_MODEL, MODELS
+
+    f = click.option(
+        "--random-weights",
+        "random_weights",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="Seeded random weights, for tests and demos: masks mean nothing.",
+    )(f)
+    f = CHECKPOINT(f)
+    return click.option(
+        "--model",
+        type=click.Choice(list(MODELS)),
+        default=None,
+        show_default=f"the store's, else {DEFAULT_MODEL}",
+        help="The model a store not yet encoded is encoded with, as Track needs it "
+        "(segpipe_tiny: the demo model, shipped).",
+    )(f)
+
+
 DIRECTION = click.option(
     "--direction",
     type=click.Choice(["both", "forward", "reverse"]),
@@ -307,7 +331,7 @@ def encode(store, **options):
     "prompts",
     default=None,
     type=click.Path(path_type=Path),
-    show_default="the store's last prompts",
+    show_default="the store's: segpipe studio's saved prompts, else the last tracked",
     help="Prompts JSON (see README, 'Prompts file').",
 )
 @DIRECTION
@@ -337,16 +361,17 @@ def track(store, prompts, **options):
     "--format",
     "fmt",
     required=True,
-    type=click.Choice(["davis", "vis-json", "overlay", "frames"]),
+    type=click.Choice(["davis", "vis-json", "overlay", "frames", "cvat"]),
     help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4; "
+    "cvat: CVAT for video 1.1 XML (mask tracks, to correct in CVAT); "
     "frames: the overlay as a folder of JPEGs.",
 )
 @click.option(
     "--out",
     required=True,
     type=click.Path(),
-    help="Output folder (davis, frames) or file (vis-json, overlay; given a folder: "
-    "masks.json or overlay.mp4 in it).",
+    help="Output folder (davis, frames) or file (vis-json, overlay, cvat; given a folder: "
+    "masks.json, overlay.mp4 or annotations.xml in it).",
 )
 @click.option("--frames", default=None, metavar="A:B", help="Only frames A..B-1.  [default: all]")
 @click.option(
@@ -623,6 +648,36 @@ def repair(store, **options):
     """
     with writing(store):
         api.repair(store, **api_options(options))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option(
+    "--store",
+    "store",
+    type=click.Path(path_type=Path),
+    default=None,
+    show_default="<PATH name>.zarr beside it",
+    help="The store, when PATH is a video or a frame folder (decoded into it first).",
+)
+@click.option(
+    "--host", default="127.0.0.1", help="Where to listen; beyond loopback a token is required."
+)
+@click.option("--port", type=int, default=8765, help="The port (0: any free one).")
+@click.option("--open", "open_page", is_flag=True, help="Open the page in the default browser.")
+@decode_options
+@studio_model_options
+@DEVICE
+def studio(path, **options):
+    """Prompt, review and correct the tracking in the browser, over the store: PATH is a store,
+    or a video / frame folder (decoded into --store first). Prints the URL; Ctrl-C stops.
+
+    \b
+    Example:
+      segpipe studio clip.zarr
+      segpipe studio clip.mp4 --store clip.zarr --model segpipe_tiny --port 0
+    """
+    api.studio(path, **options)
 
 
 @cli.command(context_settings=CONTEXT)

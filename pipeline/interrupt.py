@@ -78,3 +78,16 @@ def check() -> None:
     """Called after each committed chunk: stop here if a signal came."""
     if _requested is not None:
         raise Interrupted(_requested)
+
+
+def request(signum: int = signal.SIGINT) -> None:
+    """Ask the writing work of this process to stop after the chunk in flight, as a first
+    Ctrl-C does (the studio's Cancel)."""
+    global _requested
+    _requested = signum
+
+
+def clear() -> None:
+    """Forget a stop asked for (the studio's next Track runs on)."""
+    global _requested
+    _requested = None

@@ -6,15 +6,18 @@ They come as a file, as the file's entries (a list of dicts) or as `Prompt` obje
              {"object": 3, "frame": 12, "mask": "obj3.png"},
              {"frame": 0, "id_mask": "annotations/00000.png"}]}
 Pixel coordinates of the original video; labels 1 positive / 0 negative; a mask is a PNG
-the size of the video (non-zero = object), relative to the prompts file (in Python also a
-numpy array). An `id_mask` is an indexed PNG whose pixel values are object ids (a DAVIS
+the size of the video (non-zero = object), relative to the prompts file, or inline as a
+`data:image/png;base64,...` URI (what segpipe studio saves; in Python also a numpy
+array). An `id_mask` is an indexed PNG whose pixel values are object ids (a DAVIS
 annotation): one mask prompt per non-zero id on it, lowest id first, as SAM 2's
 vos_inference adds them. Applied in order.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +210,8 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     name = entry["id_mask"]
     if isinstance(name, np.ndarray):
         ids, name = name, "array"
+    elif isinstance(name, str) and name.startswith(DATA_URI):
+        ids, name = read_id_mask(io.BytesIO(_base64(name[len(DATA_URI) :], fail))), "(inline data)"
     elif isinstance(name, str) and (base / name).is_file():
         ids = read_id_mask(base / name)
     elif isinstance(name, str):
@@ -223,7 +228,7 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     return [Prompt(obj, frame, mask=ids == obj) for obj in objects]
 
 
-def read_id_mask(path: Path) -> np.ndarray:
+def read_id_mask(path) -> np.ndarray:
     """An annotation PNG's pixel values (object ids), as vos_inference reads them."""
     try:
         with Image.open(path) as img:
@@ -243,17 +248,37 @@ def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
         return name != 0
     if not isinstance(name, str) or not name:
         fail('"mask" must be a PNG path (relative to the prompts file) or an (H, W) array')
-    path = base / name
-    if not path.is_file():
-        fail(f"mask file not found: {path}")
+    if name.startswith(DATA_URI):
+        path, source = "(inline data)", io.BytesIO(_base64(name[len(DATA_URI) :], fail))
+    else:
+        path = source = base / name
+        if not path.is_file():
+            fail(f"mask file not found: {path}")
     try:
-        with Image.open(path) as img:
+        with Image.open(source) as img:
             mask = np.asarray(img.convert("L")) > 0
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds
         fail(f"mask {path} is not a readable image ({type(e).__name__})")
     if mask.shape != (height, width):
         fail(f"mask {path} is {mask.shape[1]}x{mask.shape[0]}, the video is {width}x{height}")
     return mask
+
+
+DATA_URI = "data:image/png;base64,"
+
+
+def mask_data_uri(mask: np.ndarray) -> str:
+    """A mask as a prompts file's inline `data:` URI (a 0/255 PNG)."""
+    out = io.BytesIO()
+    Image.fromarray(np.asarray(mask, bool).astype(np.uint8) * 255).save(out, "PNG")
+    return DATA_URI + base64.b64encode(out.getvalue()).decode()
+
+
+def _base64(text: str, fail) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        fail("inline mask data is not base64")
 
 
 def _plain(v):

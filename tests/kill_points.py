@@ -3,6 +3,9 @@ process installs one of these, then does its work, and kills itself (SIGKILL) th
 
 - `mid_write(part, nth)`: halfway through writing the bytes of the `nth` chunk file (a
   write opened by zarr's atomic writer) whose path contains `part`.
+- `wait_before_write(part, nth, flag)`: before opening the `nth` such chunk file, wait
+  until the file `flag` exists (the process holds whatever it holds meanwhile: a test
+  acts then, at a known point of the work).
 - `at_unlink(nth, under)`: at the `nth` file removal (of a path under the folder `under`,
   when given), and folders listed with their zarr.json first (as some file systems list
   them), so a removal interrupted there has removed a node's metadata before its chunks.
@@ -51,6 +54,22 @@ def mid_write(part: str, nth: int = 1) -> None:
         return f
 
     pathlib.Path.open = killing_open
+
+
+def wait_before_write(part: str, nth: int, flag: str) -> None:
+    import time
+
+    opened, seen = pathlib.Path.open, [0]
+
+    def waiting_open(self, mode="r", *args, **kwargs):
+        if "w" in mode and part in str(self) and "/c/" in str(self):
+            seen[0] += 1
+            if seen[0] == nth:
+                while not os.path.exists(flag):
+                    time.sleep(0.01)
+        return opened(self, mode, *args, **kwargs)
+
+    pathlib.Path.open = waiting_open
 
 
 class _ZarrJsonFirst:

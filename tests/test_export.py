@@ -65,7 +65,8 @@ def test_masks_in_one_frame_batches_export_the_same_files(tracked, tmp_path, mon
     frame's masks (a chunk read packed, then unpacked a frame a batch) every format writes the
     same bytes."""
     assert zarr.open_group(str(tracked), mode="r")["masks"].chunks == (2, 1, 120, 160)
-    name = {"davis": "d", "vis-json": "v.json", "overlay": "o.mp4", "frames": "f"}[fmt]
+    name = {"davis": "d", "vis-json": "v.json", "overlay": "o.mp4", "frames": "f", "cvat": "a.xml"}
+    name = name[fmt]
     outs = {"ref": tmp_path / f"ref_{name}"}
     segpipe(
         "export", "--store", tracked, "--format", fmt, "--out", outs["ref"], "--quiet", check=True
@@ -179,6 +180,88 @@ def test_vis_json_round_trips_through_pycocotools(tracked, tmp_path):
             else:
                 assert np.array_equal(mask_util.decode(rle).astype(bool), masks[t, slot])
                 assert ann["areas"][t] == masks[t, slot].sum()
+
+
+def cvat_masks(path, H: int, W: int) -> dict:
+    """CVAT for video 1.1 XML read as its documentation and CVAT's importer read it, written
+    apart from segpipe's writer: each track's masks by frame, decoded from the RLE over
+    their box (runs of 0s and 1s alternating, starting with 0s, row by row)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    assert root.tag == "annotations" and root.find("version").text == "1.1"
+    task = root.find("meta/task")
+    assert task.find("mode").text == "interpolation"
+    size = task.find("original_size")
+    assert (int(size.find("width").text), int(size.find("height").text)) == (W, H)
+    labels = {e.find("name").text: e.find("type").text for e in task.find("labels")}
+    tracks = {}
+    for n, element in enumerate(root.findall("track")):
+        assert element.get("id") == str(n) and labels[element.get("label")] == "mask"
+        frames = {}
+        for m in element:
+            assert m.tag == "mask" and m.get("keyframe") == "1"
+            left, top = int(m.get("left")), int(m.get("top"))
+            w, h = int(m.get("width")), int(m.get("height"))
+            counts = [int(c) for c in m.get("rle").split(",")]
+            assert sum(counts) == w * h
+            flat = np.zeros(w * h, bool)
+            at = 0
+            for i, c in enumerate(counts):
+                flat[at : at + c] = i % 2 == 1
+                at += c
+            full = np.zeros((H, W), bool)
+            if m.get("outside") == "0":
+                full[top : top + h, left : left + w] = flat.reshape(h, w)
+                assert full.any()
+            else:
+                assert m.get("outside") == "1"
+            frames[int(m.get("frame"))] = full
+        tracks[element.get("label")] = frames
+    return tracks
+
+
+def test_cvat_xml_decodes_to_the_store_masks(gt_store, tmp_path):
+    """`--format cvat`: one mask track per object, every frame a keyframe, each mask's RLE
+    over its box decoding to the store's mask, `outside` exactly where the object is absent
+    (here object 2 on frames 3..5, and everything outside a frame range)."""
+    store = shutil.copytree(gt_store, tmp_path / "s.zarr")
+    with zarr.config.set({"array.write_empty_chunks": True}):  # the store keeps every chunk
+        masks = zarr.open_group(str(store), mode="r+")["masks"]
+        cut = masks[3:6]
+        cut[:, 1] = False
+        masks[3:6] = cut
+    out = tmp_path / "annotations.xml"
+    segpipe("export", "--store", store, "--format", "cvat", "--out", out, "--quiet", check=True)
+    stored_masks, ids = stored(store)
+    T, O, H, W = stored_masks.shape
+    tracks = cvat_masks(out, H, W)
+    assert list(tracks) == [f"object {i}" for i in ids]
+    for slot, i in enumerate(ids):
+        frames = tracks[f"object {i}"]
+        assert sorted(frames) == list(range(T))
+        for t in range(T):
+            assert np.array_equal(frames[t], stored_masks[t, slot]), (i, t)
+    assert not tracks["object 2"][4].any() and stored_masks[:, 1].any()
+    part = tmp_path / "part.xml"
+    segpipe(
+        "export",
+        "--store",
+        store,
+        "--format",
+        "cvat",
+        "--out",
+        part,
+        "--frames",
+        "10:20",
+        "--objects",
+        "3",
+        "--quiet",
+        check=True,
+    )
+    frames = cvat_masks(part, H, W)["object 3"]
+    assert sorted(frames) == list(range(10, 20))
+    assert all(np.array_equal(frames[t], stored_masks[t, 2]) for t in frames)
 
 
 def source_frames(path):

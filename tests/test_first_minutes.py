@@ -460,6 +460,33 @@ def help_examples(command: str | None) -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.strip().startswith("segpipe ")]
 
 
+def serve_and_stop(line: str, cwd: Path, env: dict) -> int:
+    """Run a studio example: it prints its URL, the URL answers, Ctrl-C ends it cleanly."""
+    import json
+    import signal
+    import subprocess
+    import urllib.request
+
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {line}"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = proc.stdout.readline().split()
+        assert url and url[0] == "studio:", (line, proc.stderr.read() if proc.poll() else "")
+        with urllib.request.urlopen(url[1] + "api/info", timeout=30) as r:
+            assert json.loads(r.read())["frames"] == 12
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 0 and "Traceback" not in err, (line, err)
+    return 1
+
+
 def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
     """Each command's --help example, copied into a shell in a folder holding the sample clip
     (clip.mp4, prompts.json) and the same clip as a DAVIS-style dataset, runs as written
@@ -491,7 +518,7 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
         png.save(notes / f"{t:05d}.png")
     (tmp_path / "val.txt").write_text("clip\n")
 
-    order = ["decode", "encode", "track", "export", "run", "frame", "dataset"]
+    order = ["decode", "encode", "track", "export", "run", "studio", "frame", "dataset"]
     order += ["repair", "status", "evaluate", None]
     from segpipe.cli import cli
 
@@ -503,6 +530,9 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
         assert examples, command
         for line in examples:
             assert "..." not in line and "tcp://" not in line and ".pt" not in line, line
+            if command == "studio":  # serves until Ctrl-C: it must answer, then stop
+                ran += serve_and_stop(line, tmp_path, env)
+                continue
             proc = subprocess.run(
                 ["bash", "-e", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True
             )

@@ -78,6 +78,14 @@ LAYERS = {
         "segpipe.runner",
         "segpipe.snapshot",
     ],
+    # segpipe studio: the page's session over a store (no web), its previews, the web app
+    "studio": [
+        "segpipe.web",
+        "segpipe.web.preview",
+        "segpipe.web.session",
+        "segpipe.web.app",
+        "segpipe.web.server",
+    ],
     "api": ["segpipe.api"],
     "cli": ["segpipe.cli", "segpipe"],
 }

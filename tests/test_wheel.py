@@ -174,7 +174,7 @@ def test_the_wheel_is_what_the_venv_imports(venv):
     assert from_checkout(venv, after["modules"]) == []
 
 
-def test_the_wheel_ships_the_config_and_the_weights(venv):
+def test_the_wheel_ships_the_config_the_weights_and_the_studio_page(venv):
     site, after = venv.site, venv.after
     config, weights = map(Path, after["shipped"])
     assert inside(config, site) and config.is_file()
@@ -185,6 +185,9 @@ def test_the_wheel_ships_the_config_and_the_weights(venv):
     )
     assert inside(weights, site) and weights.is_file(), installed
     assert weights.read_bytes() == WEIGHTS.read_bytes()
+    page = ROOT / "pipeline" / "web" / "static"  # and segpipe studio's page
+    shipped = {p.name: p.read_bytes() for p in (site / "segpipe" / "web" / "static").iterdir()}
+    assert shipped == {p.name: p.read_bytes() for p in page.iterdir()}, installed
 
 
 def test_the_installed_model_runs_from_its_shipped_weights(venv):

@@ -23,6 +23,46 @@ OPTIONS = {
 ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
 
 
+# The prompts the next tracking without new prompts takes, where they are not the tracked
+# ones: what segpipe studio saves as they are edited (a prompts file, masks inline), in the
+# store's folder. A tracking that starts anew removes it (its prompts are then the store's).
+DRAFT = "prompts.json"
+
+
+def draft_prompts(store: RunStore) -> list | None:
+    """The saved draft's prompts (checked as any prompts file), None without one."""
+    path = store.path / DRAFT
+    if not path.is_file():
+        return None
+    video = store.attrs["video"]
+    return prompt_file.load(path, store.attrs["frame_count"], video["width"], video["height"])
+
+
+def next_prompts(store: RunStore) -> list:
+    """What a tracking without new prompts tracks: the draft, else the last tracked prompts."""
+    draft = draft_prompts(store)
+    return draft if draft is not None else stored_prompts(store)
+
+
+def save_draft(store: RunStore, entries: list[dict]) -> None:
+    """Save prompts-file entries (masks inline) as the store's draft, atomically; none: the
+    draft goes (the tracked prompts are the store's again)."""
+    import json
+
+    from segpipe.fsutil import atomic_write, fsync_path_dir
+
+    path = store.path / DRAFT
+    if entries:
+        atomic_write(path, json.dumps({"prompts": entries}, indent=1).encode())
+    else:
+        path.unlink(missing_ok=True)
+    fsync_path_dir(store.path)
+
+
+def drop_draft(store: RunStore) -> None:
+    (store.path / DRAFT).unlink(missing_ok=True)
+
+
 def stored_settings(store: RunStore) -> dict | None:
     """The recorded tracking settings (the `track` attribute), None before any tracking."""
     return store.attrs.get("track")

@@ -1,7 +1,7 @@
 """Export stage: masks out of the store into DAVIS PNGs, YouTube-VIS JSON or an overlay video.
 
 Streamed chunk by chunk and resumable: every chunk's files are written atomically and fsynced
-before the chunk's ledger entry; formats that end in one file (vis-json, overlay) assemble it
+before the chunk's ledger entry; formats that end in one file (vis-json, overlay, cvat) assemble it
 from per-chunk parts at the end, write it atomically, and then drop the parts.
 """
 
@@ -19,7 +19,7 @@ from segpipe.store.masks import mask_batches
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import require_tracked, stored_track
 
-FORMATS = ("davis", "vis-json", "overlay", "frames")
+FORMATS = ("davis", "vis-json", "overlay", "frames", "cvat")
 RUN_FORMATS = ("davis", "vis-json", "overlay")  # what `run` exports unless told
 
 
@@ -58,6 +58,7 @@ OUTPUT_NAMES = {
     "vis-json": "masks.json",
     "overlay": "overlay.mp4",
     "frames": "overlay_frames",
+    "cvat": "annotations.xml",
 }
 
 

@@ -1,5 +1,5 @@
 """The export formats, one writer each: DAVIS PNGs, YouTube-VIS JSON, the overlay MP4 and
-its frames. A writer makes one chunk's files, then assembles them at the finish."""
+its frames, CVAT for video XML. A writer makes one chunk's files, then assembles them at the finish."""
 
 from __future__ import annotations
 
@@ -383,7 +383,76 @@ class OverlayFramesWriter(OverlayWriter):
         pass
 
 
+class CvatWriter:
+    """CVAT for video 1.1 XML: one mask track per object, every frame a keyframe, its mask as
+    CVAT's RLE over the mask's bounding box (runs of 0 and 1 alternating, from 0, row by
+    row), `outside="1"` where the object is absent. Chunks are written as parts, one XML
+    fragment per object, then streamed into the file in order."""
+
+    def __init__(self, job: Job):
+        self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
+        self.store, self.parts = job.store, parts_dir(job.out)
+
+    def start(self):
+        make_folder(self.parts)
+
+    def chunk(self, k, lo, hi, batches) -> list[Path]:
+        part = {str(obj): [] for obj in self.ids}
+        for t, frame_masks in each_frame(batches):
+            for slot, obj in enumerate(self.ids):
+                part[str(obj)].append(cvat_mask(t, frame_masks[slot]))
+        path = self.parts / f"{k:06d}.json"
+        atomic_write(path, json.dumps({o: "".join(v) for o, v in part.items()}).encode())
+        return [path]
+
+    def finish(self, chunks):
+        from xml.sax.saxutils import quoteattr
+
+        W, H = self.video["width"], self.video["height"]
+        a, b = self.frames
+        labels = "".join(
+            f"<label><name>object {obj}</name><type>mask</type><attributes/></label>"
+            for obj in self.ids
+        )
+        with replacing(self.out) as tmp, open(tmp, "w") as f:
+            f.write('<?xml version="1.0" encoding="utf-8"?>\n<annotations>\n')
+            f.write("  <version>1.1</version>\n  <meta><task>")
+            f.write(f"<name>{self.store.path.name}</name><size>{b - a}</size>")
+            f.write("<mode>interpolation</mode><overlap>0</overlap>")
+            f.write(f"<start_frame>{a}</start_frame><stop_frame>{b - 1}</stop_frame>")
+            f.write(f"<labels>{labels}</labels>")
+            f.write(f"<original_size><width>{W}</width><height>{H}</height></original_size>")
+            f.write("</task><source>segpipe</source></meta>\n")
+            for n, obj in enumerate(self.ids):
+                label = quoteattr(f"object {obj}")
+                f.write(f'  <track id="{n}" label={label} source="auto">\n')
+                for k in chunks:
+                    f.write(json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)])
+                f.write("  </track>\n")
+            f.write("</annotations>\n")
+        fsync_path_dir(self.out.parent)
+
+
+def cvat_mask(t: int, m: np.ndarray) -> str:
+    """Frame t's `<mask>` of one object: CVAT's RLE of `m` over its bounding box."""
+    head = f'    <mask frame="{t}" keyframe="1" occluded="0" z_order="0" '
+    rows, cols = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
+    if not len(rows):
+        return head + 'outside="1" rle="1" left="0" top="0" width="1" height="1"></mask>\n'
+    top, left = int(rows[0]), int(cols[0])
+    box = m[top : rows[-1] + 1, left : cols[-1] + 1].ravel()
+    edges = np.flatnonzero(np.diff(box.astype(np.int8))) + 1  # where a run ends
+    runs = np.diff(np.concatenate([[0], edges, [len(box)]]))
+    counts = ([0] if box[0] else []) + runs.tolist()  # CVAT's runs start with zeros
+    w, h = box.size // (rows[-1] + 1 - top), rows[-1] + 1 - top
+    return (
+        head + f'outside="0" rle="{", ".join(map(str, counts))}" left="{left}" top="{top}" '
+        f'width="{w}" height="{h}"></mask>\n'
+    )
+
+
 WRITERS = {
+    "cvat": CvatWriter,
     "davis": DavisWriter,
     "vis-json": VisJsonWriter,
     "overlay": OverlayWriter,

@@ -43,7 +43,7 @@ from segpipe.store.masks import mask_chunks, write_fill
 from segpipe.store.retention import on_disk, sweep
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import stored_source
-from segpipe.store.tracking import pick_options, stored_prompts, stored_settings
+from segpipe.store.tracking import drop_draft, next_prompts, pick_options, stored_settings
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -97,6 +97,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
         store, untracked_chunks(ChunkPlan(T, C), settings["direction"], Span.of(settings, T))
     )
     store.set_attrs(track=settings)
+    drop_draft(store)  # the prompts tracked are the store's now
 
 
 def write_untracked(store: RunStore, chunks) -> None:
@@ -134,7 +135,8 @@ def track(
     space=None,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
-    prompts stored by the last track, resuming or repairing whatever is not done.
+    store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
+    track), resuming or repairing whatever is not done.
 
     Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
     called after each chunk a pass commits (`run` and the dataset command export it then).
@@ -194,7 +196,7 @@ def _track_inputs(store: RunStore, prompts, direction: str | None):
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
     prompts = (
-        stored_prompts(store)
+        next_prompts(store)
         if prompts is None
         else prompt_file.load(prompts, T, video["width"], video["height"])
     )

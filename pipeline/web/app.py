@@ -1,0 +1,246 @@
+"""The studio's HTTP API (JSON, PNG and JPEG; the page uses nothing else) and its page.
+
+Every action is one endpoint; `GET /api/schema` is the OpenAPI description, read from the
+docstrings below. A refused request gets a 4xx with {"error": "<one line>"}, and changes
+nothing. No path parameter reaches the file system: frames and masks are numbers, the page's
+files are served from the package."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.schemas import SchemaGenerator
+from starlette.staticfiles import StaticFiles
+
+from segpipe.errors import (
+    BadInput,
+    DamagedStore,
+    NotEnoughSpace,
+    SegpipeError,
+    StoreLocked,
+    StoreMismatch,
+    StoreNotReady,
+)
+from segpipe.web.session import Studio
+
+STATIC = Path(__file__).parent / "static"
+STATUS = {
+    BadInput: 400,
+    StoreNotReady: 409,
+    StoreLocked: 409,
+    StoreMismatch: 409,
+    NotEnoughSpace: 507,
+    DamagedStore: 500,
+}
+TOKEN_COOKIE = "segpipe_token"
+
+
+def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -> Starlette:
+    """The studio's web app over `studio`; with `token`, every request must carry it (the
+    `token` query parameter, which also sets a cookie, or that cookie). `stopping()` says the
+    server is shutting down: event streams end then."""
+
+    async def page(request: Request):
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def info(request: Request):
+        """
+        summary: The video (frames, fps, size), the tracked objects, read-only or not
+        """
+        return JSONResponse(await run_in_threadpool(studio.info))
+
+    async def frame(request: Request):
+        """
+        summary: Frame n as a JPEG at the video's own size.
+        """
+        data = await run_in_threadpool(studio.frame_jpeg, request.path_params["n"])
+        return Response(data, media_type="image/jpeg")
+
+    async def masks(request: Request):
+        """
+        summary: Frame n's tracked masks, an RGB PNG at the video's size
+        description: R + 256 G = 1 + the object's slot in tracked_objects, 0 for none.
+        """
+        data = await run_in_threadpool(studio.masks_png, request.path_params["n"])
+        return Response(data, media_type="image/png", headers={"Cache-Control": "no-store"})
+
+    async def scores(request: Request):
+        """
+        summary: Every tracked object's score per frame (null where untracked).
+        """
+        return JSONResponse(await run_in_threadpool(studio.scores))
+
+    async def get_prompts(request: Request):
+        """
+        summary: The page's prompts, as a prompts file (what Track tracks).
+        """
+        return JSONResponse(studio.prompts_file())
+
+    async def put_prompts(request: Request):
+        """
+        summary: Replace the page's prompts (saved as the store's draft)
+        description: 'Body: a prompts file, {"prompts": [entries]}, masks inline.'
+        """
+        body = await _json(request)
+        if not isinstance(body, dict) or "prompts" not in body:
+            raise BadInput('the body must be {"prompts": [...]}')
+        await run_in_threadpool(studio.set_prompts, body["prompts"])
+        return JSONResponse(studio.prompts_file())
+
+    async def preview(request: Request):
+        """
+        summary: The preview mask of one object on one frame, from its prompts there
+        description: 'Body {"frame": N, "object": ID}; a PNG, 255 = object, and the header
+          X-Object-Score.'
+        """
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise BadInput('the body must be {"frame": N, "object": ID}')
+        data, score = await run_in_threadpool(studio.preview, body.get("frame"), body.get("object"))
+        return Response(data, media_type="image/png", headers={"X-Object-Score": f"{score:.4f}"})
+
+    async def track(request: Request):
+        """
+        summary: Track the page's prompts in the background (as segpipe track --prompts)
+        description: 'Body {"direction": "both" | "forward" | "reverse"}, or empty: the
+          store''s direction. 202, or 409 while another job runs or another process writes.'
+        """
+        body = await _json(request, empty={})
+        if not isinstance(body, dict):
+            raise BadInput('the body must be {"direction": ...} or empty')
+        await run_in_threadpool(studio.track, body.get("direction"))
+        return JSONResponse(studio.progress(), status_code=202)
+
+    async def export(request: Request):
+        """
+        summary: Export the tracked masks into the store's export folder, in the background
+        description: 'Body {"format": "davis" | "vis-json" | "overlay" | "frames" | "cvat"}.'
+        """
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise BadInput('the body must be {"format": ...}')
+        await run_in_threadpool(studio.export, body.get("format"))
+        return JSONResponse(studio.progress(), status_code=202)
+
+    async def cancel(request: Request):
+        """
+        summary: Stop the tracking or export as one Ctrl-C does (the chunk in flight finishes)
+        """
+        await _json(request, empty={})
+        studio.cancel()
+        return JSONResponse(studio.progress())
+
+    async def progress(request: Request):
+        """
+        summary: The job (kind, state, frames done and to do, rate, ETA, message).
+        """
+        return JSONResponse(studio.progress())
+
+    async def events(request: Request):
+        """
+        summary: Server-sent events, one `progress` snapshot each time something changes.
+        """
+
+        async def stream():
+            last = None
+            while not stopping() and not await request.is_disconnected():
+                now = studio.progress()
+                if now != last:
+                    yield f"data: {json.dumps(now)}\n\n"
+                    last = now
+                await asyncio.sleep(0.1)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def schema(request: Request):
+        return JSONResponse(SCHEMAS.get_schema(routes=app.routes))
+
+    async def segpipe_error(request: Request, e: SegpipeError):
+        status = next((code for cls, code in STATUS.items() if isinstance(e, cls)), 400)
+        return JSONResponse({"error": e.message}, status_code=status)
+
+    async def http_error(request: Request, e: HTTPException):
+        return JSONResponse({"error": f"{e.detail}: {request.url.path}"}, status_code=e.status_code)
+
+    routes = [
+        Route("/", page),
+        Route("/favicon.ico", lambda request: Response(status_code=204), include_in_schema=False),
+        Route("/api/info", info),
+        Route("/api/frames/{n:int}.jpg", frame),
+        Route("/api/masks/{n:int}.png", masks),
+        Route("/api/scores", scores),
+        Route("/api/prompts", get_prompts, methods=["GET"]),
+        Route("/api/prompts", put_prompts, methods=["PUT"]),
+        Route("/api/preview", preview, methods=["POST"]),
+        Route("/api/track", track, methods=["POST"]),
+        Route("/api/export", export, methods=["POST"]),
+        Route("/api/cancel", cancel, methods=["POST"]),
+        Route("/api/progress", progress),
+        Route("/api/events", events),
+        Route("/api/schema", schema, include_in_schema=False),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(
+        routes=routes, exception_handlers={SegpipeError: segpipe_error, HTTPException: http_error}
+    )
+    if token is not None:
+        app.add_middleware(_TokenCheck, token=token)
+    return app
+
+
+SCHEMAS = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "segpipe studio", "version": "1"}})
+
+
+async def _json(request: Request, empty=None):
+    """The request's JSON body. It must say it is JSON: a page of another site can send a
+    form or text/plain to a loopback address, but not application/json without asking
+    first (a CORS preflight, which the studio never grants)."""
+    body = await request.body()
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise BadInput("the body must be JSON, sent as Content-Type: application/json")
+    if not body.strip() and empty is not None:
+        return empty
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise BadInput(f"malformed JSON body: {e}") from None
+
+
+class _TokenCheck:
+    """Every request carries the studio's token (query `token`, or the cookie the page's
+    first request set), else 401."""
+
+    def __init__(self, app, token: str):
+        self.app, self.token = app, token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            response = JSONResponse(
+                {"error": "missing or wrong token: open the URL the studio printed"},
+                status_code=401,
+            )
+            return await response(scope, receive, send)
+        if "token" in request.query_params:
+
+            async def with_cookie(message):
+                if message["type"] == "http.response.start":
+                    cookie = f"{TOKEN_COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+                    message["headers"] = [*message["headers"], (b"set-cookie", cookie.encode())]
+                await send(message)
+
+            return await self.app(scope, receive, with_cookie)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,484 @@
+"""What a studio shows and changes, without the web: the store's video, frames and masks,
+the page's prompts (shared by every tab), previews, and one tracking job at a time in the
+background, which runs exactly what `segpipe track --prompts` runs."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from segpipe import interrupt
+from segpipe import prompts as prompt_file
+from segpipe.errors import BadInput, DamagedStore, SegpipeError, StoreLocked, StoreNotReady
+from segpipe.plan import Span, passes
+from segpipe.store.lock import holder, store_lock
+from segpipe.store.runstore import RunStore
+from segpipe.store.tracking import DRAFT, draft_prompts, next_prompts, save_draft, stored_settings
+
+DIRECTIONS = ("both", "forward", "reverse")
+
+
+class Studio:
+    """One store's studio. `read_only`: another process writes the store (or was asked):
+    the page can look but not change prompts or track."""
+
+    def __init__(
+        self,
+        store,
+        model: str | None = None,
+        checkpoint: str | None = None,
+        random_weights: int | None = None,
+        device: str = "auto",
+    ):
+        from segpipe.model import DEFAULT_MODEL
+        from segpipe.web.preview import Previewer
+
+        store = RunStore.open(store, read_only=True)
+        if store.attrs.get("frame_count") is None:
+            raise StoreNotReady(f"store {store.path} is not fully decoded yet (run decode)")
+        self.path, self.checkpoint, self.device = store.path, checkpoint, device
+        # the model a store not yet encoded is encoded with (as `encode` takes it)
+        self.model = dict(
+            model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
+        )
+        self.previewer = Previewer(self.path, self.model, device)
+        self.entries, self.seen = self._stored_entries(store), self._tracking_seen(store)
+        self.direction = (stored_settings(store) or {}).get("direction", "both")
+        self.version = 0  # bumped on every change a tab should see
+        self.changed = threading.Condition()
+        self.job = Job()
+        self._starting = threading.Lock()  # a job's check and start are one step
+        self._frames = FrameSource(self.path)
+        self._masks = ChunkMasks()
+
+    # -- the video ---------------------------------------------------------------------------
+    def store(self) -> RunStore:
+        return RunStore.open(self.path, read_only=True)
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the studio cannot write now (another process holds the store), else None."""
+        if self.job.running():
+            return None  # the lock is this studio's own
+        writer = holder(self.path)
+        if writer is None:
+            return None
+        return f"store {self.path} is being written by {_who(writer)}: the studio is read-only"
+
+    def info(self) -> dict:
+        self.sync()
+        store = self.store()
+        video = store.attrs["video"]
+        settings = stored_settings(store)
+        return {
+            "store": self.path.name,
+            "frames": store.attrs["frame_count"],
+            "fps": video["fps"],
+            "width": video["width"],
+            "height": video["height"],
+            "encoded": "model" in store.attrs,
+            "tracked_objects": list(settings["object_ids"]) if settings else [],
+            "direction": self.direction,
+            "read_only": self.read_only,
+            "version": self.version,
+        }
+
+    def frame_number(self, n) -> int:
+        T = self.store().attrs["frame_count"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < T:
+            raise BadInput(f"frame {n!r} is out of range: the video has frames 0..{T - 1}")
+        return n
+
+    def frame_jpeg(self, n: int) -> bytes:
+        return self._frames.jpeg(self.frame_number(n))
+
+    def masks_png(self, n: int) -> bytes:
+        """Frame n's masks as an RGB PNG at the video's size: R + 256 G = 1 + the object's
+        slot in `tracked_objects` (0: none; where masks overlap, the later object's)."""
+        n = self.frame_number(n)
+        store = self.store()
+        video = store.attrs["video"]
+        value = np.zeros((video["height"], video["width"]), np.int32)
+        if stored_settings(store) is not None and store.array("masks") is not None:
+            for slot, m in enumerate(self._masks.frame(store, n)):
+                value[m] = slot + 1
+        rgb = np.zeros((*value.shape, 3), np.uint8)
+        rgb[..., 0], rgb[..., 1] = value & 255, value >> 8
+        return png(rgb)
+
+    def scores(self) -> dict:
+        """Per tracked object its score on every frame (None where untracked), and the frames
+        a pass reached: what the timeline strips draw."""
+        store = self.store()
+        settings = stored_settings(store)
+        if settings is None or store.array("object_scores") is None:
+            return {"objects": [], "scores": [], "tracked": []}
+        scores = _written(store, "object_scores", np.nan)
+        tracked = _written(store, "tracked", False)
+        return {
+            "objects": list(settings["object_ids"]),
+            "scores": [
+                [None if np.isnan(s) else round(float(s), 3) for s in scores[:, o]]
+                for o in range(scores.shape[1])
+            ],
+            "tracked": [bool(t) for t in tracked],
+        }
+
+    # -- prompts -----------------------------------------------------------------------------
+    def _stored_entries(self, store: RunStore) -> list[dict]:
+        """The store's prompts as entries: its draft, else the last tracked (else none)."""
+        if draft_prompts(store) is None and stored_settings(store) is None:
+            return []
+        return [self._entry(p) for p in next_prompts(store)]
+
+    @staticmethod
+    def _tracking_seen(store: RunStore):
+        """What identifies the store's prompts now: its draft's and its tracking's."""
+        path = store.path / DRAFT
+        draft = path.stat().st_mtime_ns if path.is_file() else None
+        return draft, (stored_settings(store) or {}).get("prompts_sha256")
+
+    def sync(self) -> None:
+        """Take the store's prompts again where another process changed them (a `segpipe
+        track` with new prompts while the studio was open)."""
+        store = self.store()
+        seen = self._tracking_seen(store)
+        if seen != self.seen and not self.job.running():
+            self.entries, self.seen = self._stored_entries(store), seen
+            self.direction = (stored_settings(store) or {}).get("direction", self.direction)
+            self.bump()
+
+    def _entry(self, p) -> dict:
+        entry = {"object": p.object_id, "frame": p.frame}
+        if p.points is not None:
+            entry.update(points=[list(q) for q in p.points], labels=list(p.labels))
+        if p.box is not None:
+            entry["box"] = list(p.box)
+        if p.mask is not None:
+            entry["mask"] = prompt_file.mask_data_uri(p.mask)
+        return entry
+
+    def prompts(self) -> list:
+        """The page's prompts as `segpipe.Prompt`s, checked as a prompts file is."""
+        store = self.store()
+        video, T = store.attrs["video"], store.attrs["frame_count"]
+        if not self.entries:
+            raise BadInput("no prompts yet: click on a frame to add one")
+        return prompt_file.load(self.entries, T, video["width"], video["height"])
+
+    def set_prompts(self, entries) -> None:
+        """Replace the page's prompts (checked first: a bad entry changes nothing). Masks come
+        inline (`data:` URIs): the studio reads no file a request names."""
+        self._writable()
+        if not isinstance(entries, list):
+            raise BadInput("prompts must be a list of prompt entries")
+        for i, e in enumerate(entries):
+            for key in ("mask", "id_mask"):
+                if isinstance(e, dict) and key in e:
+                    if not (isinstance(e[key], str) and e[key].startswith(prompt_file.DATA_URI)):
+                        raise BadInput(
+                            f'prompt {i}: "{key}" must be inline PNG data '
+                            f"({prompt_file.DATA_URI}...): the studio reads no files"
+                        )
+        store = self.store()
+        video, T = store.attrs["video"], store.attrs["frame_count"]
+        loaded = prompt_file.load(entries, T, video["width"], video["height"]) if entries else []
+        entries = [self._entry(p) for p in loaded]  # id masks as one mask entry per object
+        if self.job.running():
+            raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
+        with store_lock(self.path):  # one writer: the draft is the store's
+            save_draft(RunStore.open(self.path), entries)
+            self.entries = [dict(e) for e in entries]
+            self.seen = self._tracking_seen(store)
+        self.bump()
+
+    def prompts_file(self) -> dict:
+        """The page's prompts as a prompts file (masks inline)."""
+        self.sync()
+        return {"prompts": self.entries}
+
+    def preview(self, frame, object_id) -> tuple[bytes, float]:
+        """The mask SAM 2 makes on `frame` for `object_id`'s prompts there (PNG, 255 = object),
+        and its object score."""
+        frame = self.frame_number(frame)
+        mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
+        if not mine:
+            raise BadInput(f"object {object_id!r} has no prompt on frame {frame}")
+        mask, score = self.previewer.mask(mine)
+        return png(mask.astype(np.uint8) * 255), score
+
+    # -- tracking ----------------------------------------------------------------------------
+    def track(self, direction: str | None = None) -> None:
+        """Start tracking the page's prompts in the background (as `segpipe track
+        --prompts FILE --direction D` on the store)."""
+        self._writable()
+        direction = direction or self.direction
+        if direction not in DIRECTIONS:
+            raise BadInput(f"direction must be one of {', '.join(DIRECTIONS)}")
+        prompts = self.prompts()
+        with self._starting:
+            self._free()
+            self.direction = direction
+            self.job.start(self, "track", lambda job: self._track(job, prompts, direction))
+
+    def _track(self, job: "Job", prompts: list, direction: str) -> str:
+        from segpipe.stages.encode import encode
+        from segpipe.stages.track.stage import track
+
+        def committed(direction, k):
+            store = self.store()
+            span = Span.of(stored_settings(store), store.plan.num_frames)
+            job.new += span.count_in(direction, *store.plan.bounds(k))
+            job.done, job.total = tracked_frames(store)
+            self.bump()
+
+        if "model" not in self.store().attrs:  # recorded; chunks encoded as tracked
+            encode(self.path, **self.model, device=self.device, quiet=True, chunks=[])
+        predictor = self.previewer.predictor
+        same = (
+            predictor is not None
+            and self.previewer.built_for == self.store().attrs.get("model")
+            and self.previewer.options == _options(self)
+        )
+        track(
+            self.path,
+            prompts,
+            direction,
+            device=self.device,
+            checkpoint=self.checkpoint,
+            quiet=True,
+            predictor=predictor if same else None,
+            on_commit=committed,
+        )
+        return "" if job.new else "already tracked with these prompts: nothing to do"
+
+    def export(self, fmt) -> None:
+        """Export the tracked masks in `fmt` into `<store>.export/`, as `segpipe run` does,
+        in the background."""
+        from segpipe.stages.export.stage import FORMATS, OUTPUT_NAMES
+        from segpipe.store.layout import export_folder
+        from segpipe.store.tracking import require_tracked
+
+        self._writable()
+        if fmt not in FORMATS:
+            raise BadInput(f"format must be one of {', '.join(FORMATS)}")
+        require_tracked(self.store())
+        out = export_folder(self.path) / OUTPUT_NAMES[fmt]
+
+        def work(job: Job) -> str:
+            from segpipe.stages.export.stage import export
+
+            export(self.path, fmt, out, quiet=True)
+            return f"exported {fmt} to {out}"
+
+        with self._starting:
+            self._free()
+            self.job.start(self, f"export {fmt}", work)
+
+    def _free(self) -> None:
+        """Refuse new work while a job runs or another process writes the store."""
+        if self.job.running():
+            raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
+        self._writable()
+
+    def cancel(self) -> None:
+        """As one Ctrl-C: the chunk in flight finishes, the next Track resumes."""
+        self.job.cancel()
+
+    def progress(self) -> dict:
+        return {**self.job.snapshot(), "version": self.version}
+
+    def bump(self) -> None:
+        with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreLocked(self.read_only)
+
+
+class Job:
+    """The studio's background work (a tracking or an export), one at a time: its state,
+    message and, for a tracking, frames done of frames to do."""
+
+    def __init__(self):
+        self.kind, self.state, self.message = "", "idle", ""
+        self.done = self.total = self.new = 0  # frames tracked, to track, tracked by this job
+        self.runs = 0  # jobs started
+        self.began = None
+        self.thread = None
+        self._stop = threading.Lock()  # a Cancel and the end of the work, one at a time
+
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def start(self, studio: Studio, kind: str, work) -> None:
+        """Run `work(job)` (it returns the message said when it is done) in a thread."""
+        self.kind, self.state, self.message = kind, "running", ""
+        self.done = self.total = self.new = 0
+        self.runs += 1
+        self.began = time.monotonic()
+        with self._stop:
+            interrupt.clear()  # no Cancel of an earlier job stops this one
+        self.thread = threading.Thread(target=self._run, args=(studio, work), daemon=True)
+        self.thread.start()
+
+    def _run(self, studio: Studio, work) -> None:
+        try:
+            self.message = work(self)
+            self.state = "done"
+        except interrupt.Interrupted:
+            self.state = "cancelled"
+            self.message = f"{self.kind} cancelled: start it again to continue"
+        except SegpipeError as e:
+            self.state, self.message = "failed", e.message
+        except Exception as e:  # noqa: BLE001 - said on the page, in one line
+            self.state, self.message = "failed", f"{type(e).__name__}: {e}"
+        finally:
+            with self._stop:
+                interrupt.clear()
+            studio.bump()
+
+    def cancel(self) -> None:
+        """As one Ctrl-C: the work stops after its next commit (every stage checks then)."""
+        with self._stop:
+            if self.running():
+                interrupt.request()
+
+    def snapshot(self) -> dict:
+        elapsed = time.monotonic() - self.began if self.began else 0.0
+        rate = self.new / elapsed if self.new and elapsed else 0.0
+        eta = (self.total - self.done) / rate if rate else None
+        return {
+            "kind": self.kind,
+            "state": self.state,
+            "runs": self.runs,
+            "message": self.message,
+            "done": self.done,
+            "total": self.total,
+            "rate": round(rate, 2),
+            "eta": None if eta is None else round(eta, 1),
+        }
+
+
+def tracked_frames(store: RunStore) -> tuple[int, int]:
+    """(frames the passes have tracked, frames they track in all)."""
+    settings = stored_settings(store)
+    plan = store.plan
+    span = Span.of(settings, plan.num_frames)
+    done = total = 0
+    for d in passes(settings["direction"]):
+        chunks = span.chunks(plan, d)
+        todo = set(store.pass_ledger(d).todo(chunks))
+        for k in chunks:
+            n = span.count_in(d, *plan.bounds(k))
+            total += n
+            done += 0 if k in todo else n
+    return done, total
+
+
+def _options(studio: Studio) -> dict:
+    from segpipe.store.tracking import pick_options
+
+    return pick_options(studio.store(), studio.direction)
+
+
+class ChunkMasks:
+    """The masks of one chunk at a time, packed to bits (an eighth of their size: 33 MiB for
+    32 frames of 4 objects at 1080p), so that stepping through a chunk reads its zarr chunks
+    once, not once a frame (a zarr chunk of masks holds all its frames). Read again when the
+    chunk's files change (a retrack, here or by another process); nothing else is kept."""
+
+    def __init__(self):
+        self.key, self.packed = None, None
+        self._lock = threading.Lock()
+
+    def frame(self, store: RunStore, n: int) -> list[np.ndarray]:
+        """Frame n's (H, W) mask of every object; none while its chunk is not written."""
+        from segpipe.store.masks import _read, unpack
+
+        k = store.plan.chunk_of(n)
+        lo, hi = store.plan.bounds(k)
+        folder = store.path / "masks" / "c" / str(k)
+        files = sorted(folder.rglob("*")) if folder.is_dir() else []
+        key = (str(store.path), k, tuple((str(f), f.stat().st_mtime_ns) for f in files))
+        with self._lock:
+            if key != self.key:
+                self.key, self.packed = None, None  # the old chunk goes before the new comes
+                slots = list(range(store.array("masks").shape[1]))
+                try:
+                    self.packed = _read(store, lo, hi, slots, packed=True)
+                except DamagedStore:  # not written yet (a tracking under way): none shown
+                    return []
+                self.key = key
+            H, W = store.array("masks").shape[2:]
+            return list(unpack(self.packed[n - lo], H, W))
+
+
+class FrameSource:
+    """Frames at the video's own size: decoded from the source where it is there (one
+    reader, reading on when frames come in order), else the stored model input scaled
+    back. Holds no more than the decoder's own state: no frame cache."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._reader = None
+        self._lock = threading.Lock()
+
+    def jpeg(self, n: int) -> bytes:
+        with self._lock:
+            picture = self._picture(n)
+        out = io.BytesIO()
+        picture.save(out, "JPEG", quality=90)
+        return out.getvalue()
+
+    def _picture(self, n: int) -> Image.Image:
+        store = RunStore.open(self.path, read_only=True)
+        if self._reader is None:
+            from segpipe.store.source import SourceReader, stored_source
+
+            try:
+                self._reader = SourceReader(store, stored_source(store))
+            except BadInput:
+                self._reader = False  # the source is gone or changed: the stored frames
+        if self._reader:
+            try:
+                return next(self._reader.frames(n, 1))[2]()
+            except SegpipeError:
+                self._reader = False
+        video = store.attrs["video"]
+        frame = store.read("frames", n, n + 1)[0]
+        return Image.fromarray(frame).resize((video["width"], video["height"]))
+
+
+def _written(store: RunStore, name: str, missing) -> np.ndarray:
+    """The array, chunk by chunk, with `missing` where a chunk is not written yet (the
+    tracking under way has not reached it)."""
+    plan = store.plan
+    parts = []
+    for k in range(plan.num_chunks):
+        lo, hi = plan.bounds(k)
+        try:
+            parts.append(store.read(name, lo, hi))
+        except DamagedStore:
+            shape = (hi - lo, *store.array(name).shape[1:])
+            parts.append(np.full(shape, missing, store.array(name).dtype))
+    return np.concatenate(parts)
+
+
+def png(a: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(a).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+def _who(info: dict | None) -> str:
+    if not info:
+        return "another segpipe process"
+    return f"pid {info.get('pid')} on {info.get('host')}"

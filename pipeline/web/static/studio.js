@@ -1,0 +1,541 @@
+// segpipe studio's page: everything it shows and changes goes through the JSON API (api/...).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const PALETTE = [[230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [145, 30, 180],
+  [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 190], [0, 128, 128]];
+const colour = (id) => PALETTE[(((id - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
+
+const S = {
+  info: null, frame: 0, selected: 1, extra: [], entries: [], history: [],
+  scores: { objects: [], scores: [], tracked: [] }, lost: [],
+  image: null, tracked: null, previews: new Map(), playing: false, version: -1,
+  drag: null, inFlight: null, shown: null, tool: "prompt", paint: null,
+};
+window.studio = S; // read by the tests (and handy in the console)
+
+async function api(path, options = {}) {
+  const response = await fetch("api/" + path, options);
+  if (!response.ok) {
+    let message = `${response.status} ${response.statusText}`;
+    try { message = (await response.json()).error || message; } catch (e) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return response;
+}
+const json = (body) => ({ method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+
+function say(message) { $("error").textContent = message || ""; }
+async function guarded(fn) {
+  try { say(""); return await fn(); } catch (e) { say(e.message); }
+}
+
+// -- objects and prompts ----------------------------------------------------------------------
+function objectIds() {
+  const ids = new Set([...S.scores.objects, ...S.entries.map((e) => e.object), ...S.extra]);
+  if (!ids.size) ids.add(1);
+  return [...ids].sort((a, b) => a - b);
+}
+
+function drawObjects() {
+  const box = $("objects");
+  box.textContent = "";
+  for (const id of objectIds()) {
+    const b = document.createElement("button");
+    b.textContent = id;
+    b.dataset.object = id;
+    b.style.background = `rgb(${colour(id).join(",")})`;
+    b.classList.toggle("selected", id === S.selected);
+    b.onclick = () => select(id);
+    box.appendChild(b);
+  }
+}
+
+function select(id) { S.selected = id; drawObjects(); draw(); }
+
+function addObject() {
+  const id = Math.max(0, ...objectIds()) + 1;
+  S.extra.push(id);
+  select(id);
+}
+
+async function setEntries(entries, remember = true) {
+  const before = S.entries;
+  const response = await api("prompts", {
+    method: "PUT", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompts: entries }),
+  });
+  S.entries = (await response.json()).prompts;
+  if (remember) S.history.push(before);
+  drawObjects();
+  drawStrips();
+}
+
+// a click or a box for the selected object on this frame: one entry per (object, frame), as
+// SAM 2's demo sends all of a frame's clicks at once (a second entry would replace the first)
+async function addPrompt(change) {
+  const f = S.frame, o = S.selected;
+  const entries = S.entries.map((e) => ({ ...e }));
+  let entry = entries.find((e) => e.frame === f && e.object === o && !e.mask);
+  if (!entry) {
+    // the first click on a frame where the object is tracked refines its tracked mask: that
+    // mask becomes the frame's mask prompt, the clicks follow (SAM 2 then decodes from its
+    // logits, as its demo does after propagation)
+    const tracked = !entries.some((e) => e.frame === f && e.object === o) && trackedMask(f, o);
+    if (tracked) entries.push({ object: o, frame: f, mask: await maskDataUri(tracked) });
+    entry = { object: o, frame: f };
+    entries.push(entry);
+  }
+  if (change.point) {
+    entry.points = [...(entry.points || []), change.point];
+    entry.labels = [...(entry.labels || []), change.label];
+  } else {
+    entry.box = change.box;
+  }
+  await setEntries(entries);
+  await preview(f, o);
+}
+
+async function preview(f, o) {
+  const key = `${f}:${o}`;
+  if (!S.entries.some((e) => e.frame === f && e.object === o)) {
+    S.previews.delete(key);
+    draw();
+    return;
+  }
+  const started = performance.now();
+  const response = await api("preview", json({ frame: f, object: o }));
+  const bitmap = await createImageBitmap(await response.blob());
+  S.previews.set(key, { mask: alphaOf(bitmap), score: Number(response.headers.get("X-Object-Score")) });
+  S.previewMs = performance.now() - started;
+  draw();
+  document.body.dataset.previewed = key;
+}
+
+async function undo() {
+  if (!S.history.length) return;
+  const before = S.history.pop();
+  await setEntries(before, false);
+  S.previews.clear();
+  for (const e of S.entries) if (e.frame === S.frame) await preview(e.frame, e.object);
+  draw();
+}
+
+async function deleteObject() {
+  await setEntries(S.entries.filter((e) => e.object !== S.selected));
+  S.extra = S.extra.filter((id) => id !== S.selected);
+  for (const k of [...S.previews.keys()]) if (k.endsWith(`:${S.selected}`)) S.previews.delete(k);
+  draw();
+}
+
+// -- brush and eraser: edit the selected object's mask on this frame; the edited mask
+// becomes that frame's mask prompt (SAM 2's add_new_mask), previewed like a click ----------
+function setTool(tool) {
+  S.tool = tool;
+  for (const t of ["prompt", "brush", "eraser"]) $(`tool-${t}`).classList.toggle("selected", t === tool);
+}
+
+// the object's tracked mask on frame f as 0/255, if it is shown now and not empty
+function trackedMask(f, o) {
+  const slot = S.scores.objects.indexOf(o);
+  if (!S.tracked || slot < 0 || S.shown !== f) return null;
+  const out = Uint8Array.from(S.tracked, (v) => (v === slot + 1 ? 255 : 0));
+  return out.some((v) => v) ? out : null;
+}
+
+function shownMask(f, o) {
+  const W = S.info.width, H = S.info.height;
+  const p = S.previews.get(`${f}:${o}`);
+  if (p) return Uint8Array.from(p.mask, (v) => (v ? 255 : 0));
+  return trackedMask(f, o) || new Uint8Array(W * H);
+}
+
+function dab(at) {
+  const W = S.info.width, H = S.info.height, r = Number($("radius").value);
+  const [cx, cy] = at, value = S.tool === "brush" ? 255 : 0;
+  for (let y = Math.max(0, Math.floor(cy - r)); y <= Math.min(H - 1, Math.ceil(cy + r)); y++) {
+    for (let x = Math.max(0, Math.floor(cx - r)); x <= Math.min(W - 1, Math.ceil(cx + r)); x++) {
+      if ((x + 0.5 - cx) ** 2 + (y + 0.5 - cy) ** 2 <= r * r) S.paint.mask[y * W + x] = value;
+    }
+  }
+  S.previews.set(`${S.paint.frame}:${S.paint.object}`, { mask: S.paint.mask, score: null });
+  draw();
+}
+
+async function maskDataUri(mask) {
+  const W = S.info.width, H = S.info.height;
+  const c = new OffscreenCanvas(W, H), g = c.getContext("2d");
+  const image = g.createImageData(W, H);
+  for (let i = 0; i < W * H; i++) {
+    image.data.fill(mask[i] ? 255 : 0, 4 * i, 4 * i + 3);
+    image.data[4 * i + 3] = 255;
+  }
+  g.putImageData(image, 0, 0);
+  const blob = await c.convertToBlob({ type: "image/png" });
+  const bytes = new Uint8Array(await blob.arrayBuffer());
+  let text = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) text += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return "data:image/png;base64," + btoa(text);
+}
+
+async function commitPaint() {
+  const { frame: f, object: o, mask } = S.paint;
+  S.paint = null;
+  const entries = S.entries.filter((e) => !(e.frame === f && e.object === o));
+  entries.push({ object: o, frame: f, mask: await maskDataUri(mask) });
+  await setEntries(entries);
+  await preview(f, o);
+}
+
+// -- frames and masks -----------------------------------------------------------------------
+function alphaOf(bitmap) {
+  const c = new OffscreenCanvas(bitmap.width, bitmap.height);
+  const g = c.getContext("2d");
+  g.drawImage(bitmap, 0, 0);
+  const rgba = g.getImageData(0, 0, bitmap.width, bitmap.height).data;
+  const out = new Uint8Array(bitmap.width * bitmap.height);
+  for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i]; // grey PNGs: R = the value
+  return out;
+}
+
+// the tracked masks' PNG: R + 256 G = 1 + the object's slot (0: none)
+function slotsOf(bitmap) {
+  const c = new OffscreenCanvas(bitmap.width, bitmap.height);
+  const g = c.getContext("2d");
+  g.drawImage(bitmap, 0, 0);
+  const rgba = g.getImageData(0, 0, bitmap.width, bitmap.height).data;
+  const out = new Uint16Array(bitmap.width * bitmap.height);
+  for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i] + 256 * rgba[4 * i + 1];
+  return out;
+}
+
+async function loadFrame(n) {
+  const [image, masks] = await Promise.all([
+    api(`frames/${n}.jpg`).then((r) => r.blob()).then(createImageBitmap),
+    api(`masks/${n}.png`).then((r) => r.blob()).then(createImageBitmap),
+  ]);
+  S.image = image;
+  S.tracked = slotsOf(masks);
+  S.shown = n;
+  draw();
+  document.body.dataset.frame = n;
+  return true;
+}
+
+// one frame load in flight at a time; a scrub asks for the latest frame wanted, not every one
+// it passed over
+async function goFrame(n) {
+  if (!S.info) return;
+  n = Math.max(0, Math.min(S.info.frames - 1, n));
+  S.frame = n;
+  $("scrub").value = n;
+  $("frame").value = n;
+  history.replaceState(null, "", `?frame=${n}`);
+  drawStrips();
+  if (S.inFlight) return S.inFlight;
+  S.inFlight = (async () => {
+    await null; // S.inFlight is this promise before the loop runs (and before it ends)
+    try {
+      while (S.shown !== S.frame) if ((await guarded(() => loadFrame(S.frame))) !== true) break;
+    } finally {
+      S.inFlight = null;
+    }
+  })();
+  return S.inFlight;
+}
+
+function draw() {
+  const canvas = $("view");
+  if (!S.image || !S.info) return;
+  const W = S.info.width, H = S.info.height;
+  const g = canvas.getContext("2d");
+  g.drawImage(S.image, 0, 0, W, H);
+  const overlay = g.getImageData(0, 0, W, H);
+  const px = overlay.data;
+  const alpha = Number($("opacity").value);
+  const slots = S.scores.objects;
+  const shown = new Set(); // objects whose preview replaces their tracked mask here
+  for (const key of S.previews.keys()) {
+    const [f, o] = key.split(":").map(Number);
+    if (f === S.frame) shown.add(o);
+  }
+  if (S.tracked) {
+    for (let i = 0; i < W * H; i++) {
+      const v = S.tracked[i];
+      if (!v) continue;
+      const id = slots[v - 1];
+      if (id === undefined || shown.has(id)) continue;
+      tint(px, i, colour(id), alpha);
+    }
+  }
+  for (const [key, p] of S.previews) {
+    const [f, o] = key.split(":").map(Number);
+    if (f !== S.frame) continue;
+    for (let i = 0; i < W * H; i++) if (p.mask[i]) tint(px, i, colour(o), alpha);
+  }
+  g.putImageData(overlay, 0, 0);
+  for (const e of S.entries) {
+    if (e.frame !== S.frame) continue;
+    g.strokeStyle = `rgb(${colour(e.object).join(",")})`;
+    g.lineWidth = 2;
+    if (e.box) g.strokeRect(e.box[0], e.box[1], e.box[2] - e.box[0], e.box[3] - e.box[1]);
+    (e.points || []).forEach(([x, y], j) => {
+      g.fillStyle = e.labels[j] ? "#4caf50" : "#f44336";
+      g.beginPath(); g.arc(x, y, 3, 0, 2 * Math.PI); g.fill(); g.stroke();
+    });
+  }
+  if (S.drag && S.drag.moved) {
+    g.strokeStyle = "#fff";
+    g.setLineDash([4, 3]);
+    const [x0, y0] = S.drag.start, [x1, y1] = S.drag.now;
+    g.strokeRect(x0, y0, x1 - x0, y1 - y0);
+    g.setLineDash([]);
+  }
+  const s = scoreAt(S.selected, S.frame);
+  $("score").textContent = s === null ? "" : `object ${S.selected} score ${s.toFixed(2)}`;
+}
+
+function tint(px, i, rgb, a) {
+  px[4 * i] = (1 - a) * px[4 * i] + a * rgb[0];
+  px[4 * i + 1] = (1 - a) * px[4 * i + 1] + a * rgb[1];
+  px[4 * i + 2] = (1 - a) * px[4 * i + 2] + a * rgb[2];
+}
+
+// -- the timeline's strips: where each object is tracked and present, its prompts, and where
+// it is lost (its score falls below zero after being above) ----------------------------------
+function scoreAt(id, f) {
+  const slot = S.scores.objects.indexOf(id);
+  return slot < 0 ? null : S.scores.scores[slot][f];
+}
+
+function findLost() {
+  const lost = new Set();
+  S.scores.scores.forEach((row) => {
+    for (let f = 1; f < row.length; f++) {
+      if (row[f] !== null && row[f - 1] !== null && (row[f] > 0) !== (row[f - 1] > 0) && row[f] <= 0) lost.add(f);
+    }
+  });
+  S.lost = [...lost].sort((a, b) => a - b);
+}
+
+const ROW = 10;
+// the strips at the canvas's own width: each pixel column stands for the frames under it
+// (present there if its lowest score is above zero), so an hour of video fits
+function drawStrips() {
+  const canvas = $("strips");
+  if (!S.info) return;
+  const ids = objectIds(), T = S.info.frames;
+  canvas.width = Math.max(1, canvas.clientWidth);
+  canvas.height = ROW * ids.length;
+  const g = canvas.getContext("2d"), Wc = canvas.width;
+  const x = (f) => Math.floor((f * Wc) / T), w = Math.max(1, Math.floor(Wc / T));
+  g.clearRect(0, 0, Wc, canvas.height);
+  ids.forEach((id, r) => {
+    const slot = S.scores.objects.indexOf(id);
+    if (slot >= 0) {
+      const row = S.scores.scores[slot];
+      for (let px = 0; px < Wc; px++) {
+        const f0 = Math.floor((px * T) / Wc), f1 = Math.max(f0 + 1, Math.floor(((px + 1) * T) / Wc));
+        let low = null;
+        for (let f = f0; f < f1; f++) if (row[f] !== null && (low === null || row[f] < low)) low = row[f];
+        if (low === null) continue;
+        g.fillStyle = low > 0 ? `rgb(${colour(id).join(",")})` : "#444";
+        g.fillRect(px, r * ROW + 2, 1, ROW - 4);
+      }
+    }
+    g.fillStyle = "#fff";
+    for (const e of S.entries) if (e.object === id) g.fillRect(x(e.frame), r * ROW, Math.max(2, w), ROW);
+  });
+  g.fillStyle = "#ff1744";
+  for (const f of S.lost) g.fillRect(x(f), 0, Math.max(2, w), 3);
+  g.fillStyle = "rgba(255,255,255,0.6)";
+  g.fillRect(x(S.frame), 0, 1, canvas.height);
+}
+
+function jumpLost(step) {
+  const next = step > 0 ? S.lost.find((f) => f > S.frame) : [...S.lost].reverse().find((f) => f < S.frame);
+  if (next !== undefined) goFrame(next);
+}
+
+// -- tracking --------------------------------------------------------------------------------
+async function refresh() {
+  S.scores = await (await api("scores")).json();
+  S.entries = (await (await api("prompts")).json()).prompts;
+  findLost();
+  drawObjects();
+  drawStrips();
+  S.shown = null; // the masks may have changed: load the frame again
+  await goFrame(S.frame);
+}
+
+function showProgress(p) {
+  const tracking = p.kind === "track";
+  const text = {
+    idle: "",
+    running: tracking
+      ? `tracking ${p.done}/${p.total} frames` + (p.rate ? `, ${p.rate} frames/s, ${p.eta ?? "?"} s left` : "")
+      : `${p.kind}...`,
+    done: p.message || (tracking ? `tracked ${p.total} frames` : "done"),
+    cancelled: p.message,
+    failed: `failed: ${p.message}`,
+  }[p.state];
+  $("progress").textContent = text;
+  document.body.dataset.job = p.state;
+  document.body.dataset.runs = p.runs;
+}
+
+function listen() {
+  const events = new EventSource("api/events");
+  events.onmessage = (m) => {
+    const p = JSON.parse(m.data);
+    showProgress(p);
+    if (p.state === "done" && S.lastState === "running") S.previews.clear(); // tracked now
+    S.lastState = p.state;
+    if (p.version !== S.version) {
+      S.version = p.version;
+      guarded(refresh);
+    }
+  };
+}
+
+// -- input -----------------------------------------------------------------------------------
+function videoPoint(e) {
+  const c = $("view"), r = c.getBoundingClientRect();
+  return [Math.round(((e.clientX - r.left) / r.width) * S.info.width * 10) / 10,
+    Math.round(((e.clientY - r.top) / r.height) * S.info.height * 10) / 10];
+}
+
+function wire() {
+  const view = $("view");
+  view.addEventListener("contextmenu", (e) => e.preventDefault());
+  view.addEventListener("mousedown", (e) => {
+    if (S.tool !== "prompt") {
+      S.paint = { frame: S.frame, object: S.selected, mask: shownMask(S.frame, S.selected) };
+      dab(videoPoint(e));
+      return;
+    }
+    S.drag = { start: videoPoint(e), now: videoPoint(e), at: [e.clientX, e.clientY], moved: false, negative: e.shiftKey || e.button === 2 };
+  });
+  view.addEventListener("mousemove", (e) => {
+    if (S.paint) { dab(videoPoint(e)); return; }
+    if (!S.drag) return;
+    S.drag.now = videoPoint(e);
+    const [dx, dy] = [e.clientX - S.drag.at[0], e.clientY - S.drag.at[1]]; // screen pixels
+    if (Math.abs(dx) + Math.abs(dy) > 6) S.drag.moved = true;
+    if (S.drag.moved) draw();
+  });
+  window.addEventListener("mouseup", (e) => {
+    if (S.paint) { guarded(commitPaint); return; }
+    const d = S.drag;
+    S.drag = null;
+    if (!d || e.target !== view && !d.moved) return;
+    if (d.moved) {
+      const [x0, y0] = d.start, [x1, y1] = d.now;
+      guarded(() => addPrompt({ box: [Math.min(x0, x1), Math.min(y0, y1), Math.max(x0, x1), Math.max(y0, y1)] }));
+    } else {
+      guarded(() => addPrompt({ point: d.start, label: d.negative ? 0 : 1 }));
+    }
+  });
+  $("scrub").addEventListener("input", (e) => goFrame(Number(e.target.value)));
+  $("frame").addEventListener("change", (e) => { e.target.blur(); goFrame(Number(e.target.value)); });
+  $("play").onclick = togglePlay;
+  $("add-object").onclick = addObject;
+  $("delete-object").onclick = () => guarded(deleteObject);
+  $("undo").onclick = () => guarded(undo);
+  $("track").onclick = () => guarded(track);
+  $("cancel").onclick = () => guarded(() => api("cancel", json({})));
+  $("export").onclick = () => guarded(() => api("export", json({ format: $("export-format").value })));
+  $("opacity").oninput = draw;
+  for (const t of ["prompt", "brush", "eraser"]) $(`tool-${t}`).onclick = () => setTool(t);
+  $("help-button").onclick = () => { $("help").hidden = !$("help").hidden; };
+  $("strips").addEventListener("click", (e) => {
+    const r = e.target.getBoundingClientRect();
+    goFrame(Math.floor(((e.clientX - r.left) / r.width) * S.info.frames));
+  });
+  $("upload").addEventListener("change", async (e) => {
+    const file = e.target.files[0];
+    if (!file) return;
+    await guarded(async () => {
+      let parsed;
+      try { parsed = JSON.parse(await file.text()); } catch (err) { throw new Error(`${file.name} is not JSON`); }
+      await setEntries(Array.isArray(parsed) ? parsed : parsed.prompts);
+    });
+    e.target.value = "";
+  });
+  window.addEventListener("keydown", (e) => {
+    const t = e.target;
+    const typing = (t.tagName === "INPUT" && t.type !== "range") || t.tagName === "SELECT" || t.tagName === "TEXTAREA" || t.isContentEditable;
+    if (typing || e.ctrlKey || e.metaKey || e.altKey) return;
+    const step = e.shiftKey ? 10 : 1;
+    const keys = {
+      ArrowRight: () => goFrame(S.frame + step), ArrowLeft: () => goFrame(S.frame - step),
+      Home: () => goFrame(0), End: () => goFrame(S.info.frames - 1), " ": togglePlay,
+      "[": () => jumpLost(-1), "]": () => jumpLost(1), n: addObject,
+      p: () => setTool("prompt"), b: () => setTool("brush"), e: () => setTool("eraser"),
+      z: () => guarded(undo), t: () => guarded(track), Delete: () => guarded(deleteObject),
+      "?": () => { $("help").hidden = !$("help").hidden; }, Escape: () => { $("help").hidden = true; },
+    };
+    if (/^[1-9]$/.test(e.key)) {
+      const id = objectIds()[Number(e.key) - 1];
+      if (id !== undefined) select(id);
+    } else if (keys[e.key]) {
+      keys[e.key]();
+    } else {
+      return;
+    }
+    e.preventDefault();
+  });
+}
+
+async function track() {
+  await api("track", json({ direction: $("direction").value }));
+}
+
+async function togglePlay() {
+  S.playing = !S.playing;
+  $("play").innerHTML = S.playing ? "&#10074;&#10074;" : "&#9654;";
+  while (S.playing && S.frame < S.info.frames - 1) {
+    const began = performance.now();
+    await goFrame(S.frame + 1);
+    const wait = 1000 / S.info.fps - (performance.now() - began);
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  }
+  S.playing = false;
+  $("play").innerHTML = "&#9654;";
+}
+
+// the frame as large as the page allows, at the video's aspect
+function fit() {
+  const main = document.querySelector("main"), c = $("view");
+  const scale = Math.min(main.clientWidth / S.info.width, main.clientHeight / S.info.height);
+  c.style.width = `${Math.floor(S.info.width * scale)}px`;
+  c.style.height = `${Math.floor(S.info.height * scale)}px`;
+}
+
+async function main() {
+  S.info = await (await api("info")).json();
+  $("store").textContent = S.info.store + (S.info.read_only ? " (read-only)" : "");
+  if (S.info.read_only) say(S.info.read_only);
+  const canvas = $("view");
+  canvas.width = S.info.width;
+  canvas.height = S.info.height;
+  fit();
+  window.addEventListener("resize", fit);
+  $("scrub").max = S.info.frames - 1;
+  $("frame").max = S.info.frames - 1;
+  $("of").textContent = `/ ${S.info.frames - 1}`;
+  $("direction").value = S.info.direction;
+  wire();
+  setTool("prompt");
+  $("radius").value = Math.max(2, Math.round(S.info.width / 40));
+  const asked = Number(new URLSearchParams(location.search).get("frame"));
+  S.frame = Number.isInteger(asked) ? Math.max(0, Math.min(S.info.frames - 1, asked)) : 0;
+  await refresh();
+  S.selected = objectIds()[0];
+  drawObjects();
+  await goFrame(S.frame);
+  listen();
+  document.body.dataset.ready = "1";
+}
+
+guarded(main);

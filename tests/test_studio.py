@@ -1,0 +1,692 @@
+"""segpipe studio in a real browser (Debian's chromium, driven by Playwright) against the
+real server on loopback, over a real store tracked by the shipped model: what the page does
+must be what `segpipe track --prompts` does with the prompts file the page downloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    ROOT,
+    assert_same_store,
+    ledger_count,
+    require_root,
+    segpipe,
+    tree_digest,
+)
+from PIL import Image
+
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PALETTE = {1: (230, 25, 75), 2: (60, 180, 75)}  # studio.js's first colours
+SHOTS = ROOT / "build" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def made(small, tmp_path_factory) -> Path:
+    """The small clip decoded and encoded with the shipped model (chunks of 4, size 128),
+    nothing tracked: what a new user opens in the studio."""
+    import segpipe
+
+    store = tmp_path_factory.mktemp("studio") / "clip.zarr"
+    segpipe.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
+    segpipe.encode(store, model="segpipe_tiny", progress=False)
+    return store
+
+
+@pytest.fixture
+def store(made, tmp_path) -> Path:
+    copy = tmp_path / "clip.zarr"
+    shutil.copytree(made, copy)
+    return copy
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        if os.environ.get("SEGPIPE_CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it)")
+        require_root("installing chromium")
+        pytest.skip("chromium is not installed: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def studio(store):
+    from segpipe.web.server import StudioServer
+
+    server = StudioServer(store, port=0).start()
+    yield server
+    server.stop()
+
+
+def open_page(browser, url: str):
+    """A page on `url`, ready; its script errors are kept in `page.errors` (tests end by
+    asserting there are none)."""
+    page = browser.new_page(viewport={"width": 1000, "height": 700}, accept_downloads=True)
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    return page
+
+
+def click_video(page, x: float, y: float, **kw) -> None:
+    """Click the frame at video pixel (x, y)."""
+    box = page.locator("#view").bounding_box()
+    W, H = page.evaluate("[studio.info.width, studio.info.height]")
+    page.mouse.click(
+        box["x"] + (x + 0.5) * box["width"] / W, box["y"] + (y + 0.5) * box["height"] / H, **kw
+    )
+
+
+def drag_video(page, x0, y0, x1, y1) -> None:
+    box = page.locator("#view").bounding_box()
+    W, H = page.evaluate("[studio.info.width, studio.info.height]")
+    sx, sy = box["width"] / W, box["height"] / H
+    page.mouse.move(box["x"] + (x0 + 0.5) * sx, box["y"] + (y0 + 0.5) * sy)
+    page.mouse.down()
+    page.mouse.move(box["x"] + (x0 + x1) / 2 * sx, box["y"] + (y0 + y1) / 2 * sy, steps=3)
+    page.mouse.move(box["x"] + (x1 + 0.5) * sx, box["y"] + (y1 + 0.5) * sy, steps=3)
+    page.mouse.up()
+
+
+def canvas_rgb(page) -> np.ndarray:
+    data = page.evaluate(
+        """() => { const c = document.getElementById('view');
+        return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data); }"""
+    )
+    W, H = page.evaluate("[studio.info.width, studio.info.height]")
+    return np.array(data, np.uint8).reshape(H, W, 4)[..., :3]
+
+
+def fetch(url: str, method="GET", body=None, kind="application/json") -> tuple[int, bytes, dict]:
+    """(status, body, headers) of one request; a body goes as JSON (`kind`), as the page
+    sends it (bytes as they are)."""
+    data = (
+        None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    )
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None and kind:
+        request.add_header("Content-Type", kind)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def preview_mask(url: str, frame: int, obj: int) -> np.ndarray:
+    status, data, _ = fetch(url + "api/preview", "POST", {"frame": frame, "object": obj})
+    assert status == 200, data
+    import io
+
+    return np.asarray(Image.open(io.BytesIO(data))) > 0
+
+
+def near_marks(shape, points=(), box=None) -> np.ndarray:
+    """Pixels the page draws prompt marks on (a point's dot, a box's outline)."""
+    yy, xx = np.mgrid[: shape[0], : shape[1]]
+    near = np.zeros(shape, bool)
+    for x, y in points:
+        near |= (xx - x) ** 2 + (yy - y) ** 2 <= 36
+    if box is not None:
+        x0, y0, x1, y1 = box
+        inside = (xx >= x0 - 2) & (xx <= x1 + 2) & (yy >= y0 - 2) & (yy <= y1 + 2)
+        core = (xx > x0 + 2) & (xx < x1 - 2) & (yy > y0 + 2) & (yy < y1 - 2)
+        near |= inside & ~core
+    return near
+
+
+def tinted(page, colour) -> np.ndarray:
+    """Pixels of the canvas blended with `colour` at the page's opacity (0.5): where the
+    frame shown and the canvas differ as that blend says."""
+    shown = canvas_rgb(page).astype(float)
+    frame = np.array(
+        page.evaluate(
+            """() => { const c = new OffscreenCanvas(studio.info.width, studio.info.height);
+            const g = c.getContext('2d'); g.drawImage(studio.image, 0, 0);
+            return Array.from(g.getImageData(0, 0, c.width, c.height).data); }"""
+        ),
+        float,
+    ).reshape(*shown.shape[:2], 4)[..., :3]
+    blend = 0.5 * frame + 0.5 * np.array(colour, float)
+    return (np.abs(shown - blend) <= 1.5).all(-1) & (np.abs(shown - frame) > 1.5).any(-1)
+
+
+def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
+    browser, studio, store, small, tmp_path
+):
+    """Open the store, go to frame 5 by URL, click a point for object 1; step to frame 8,
+    add object 2 and drag a box; each preview appears on the canvas (the pixels tinted in
+    the object's colour are the API's preview mask); Track; the store is then bit for bit
+    what `segpipe track --prompts <the page's downloaded prompts file>` makes of a copy."""
+    before = tmp_path / "before.zarr"
+    shutil.copytree(store, before)
+    page = open_page(browser, studio.url + "?frame=5")
+    assert page.evaluate("studio.frame") == 5
+    assert page.locator("#frame").input_value() == "5"
+
+    click_video(page, 37, 27)  # the disc (object 1) of the small clip on frame 5
+    page.wait_for_selector("body[data-previewed='5:1']", timeout=20_000)
+    mask = preview_mask(studio.url, 5, 1)
+    assert mask.sum() > 20
+    seen, marks = tinted(page, PALETTE[1]), near_marks(mask.shape, points=[(37.5, 27.5)])
+    assert np.array_equal(seen & ~marks, mask & ~marks) and (mask & ~marks).sum() > 20
+
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_selector("body[data-frame='8']")
+    page.keyboard.press("n")  # a new object: 2
+    assert page.evaluate("studio.selected") == 2
+    drag_video(page, 46, 7, 59, 21)  # the square (object 2) on frame 8
+    page.wait_for_selector("body[data-previewed='8:2']", timeout=20_000)
+    mask2 = preview_mask(studio.url, 8, 2)
+    seen2, marks = tinted(page, PALETTE[2]), near_marks(mask2.shape, box=(46.5, 7.5, 59.5, 21.5))
+    assert np.array_equal(seen2 & ~marks, mask2 & ~marks) and (mask2 & ~marks).sum() >= 10
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / "studio_prompts.png")
+
+    entries = json.loads(fetch(studio.url + "api/prompts")[1])["prompts"]
+    assert [(e["object"], e["frame"], sorted(e)) for e in entries] == [
+        (1, 5, ["frame", "labels", "object", "points"]),
+        (2, 8, ["box", "frame", "object"]),
+    ]
+
+    track_and_compare(page, store, before, tmp_path / "first")
+    page.screenshot(path=SHOTS / "studio_tracked.png")  # the README's
+
+    # correction: a negative point on a later frame, retracked from the stored embeddings
+    with encoder_calls() as calls:
+        page.fill("#frame", "15")
+        page.press("#frame", "Enter")
+        page.wait_for_selector("body[data-frame='15']")
+        page.keyboard.press("1")
+        page.keyboard.down("Shift")
+        click_video(page, 40, 30)
+        page.keyboard.up("Shift")
+        page.wait_for_selector("body[data-previewed='15:1']", timeout=20_000)
+        entries = track_and_compare(page, store, before, tmp_path / "corrected")
+    assert calls.count == 0
+    last = entries[-1]
+    assert (last["object"], last["frame"], last["labels"]) == (1, 15, [0])
+    assert np.allclose(last["points"], [[40.5, 30.5]], atol=0.2)  # screen to video pixels
+
+    # the brush and the eraser on frame 12's mask of object 2: its mask prompt
+    page.fill("#frame", "12")
+    page.press("#frame", "Enter")
+    page.wait_for_selector("body[data-frame='12']")
+    page.keyboard.press("2")
+    page.keyboard.press("b")
+    page.fill("#radius", "4")
+    drag_video(page, 10, 50, 40, 55)  # painted: a stroke from (10, 50) to (40, 55)
+    page.wait_for_selector("body[data-previewed='12:2']", timeout=20_000)
+    page.keyboard.press("e")
+    page.evaluate("document.body.dataset.previewed = ''")
+    drag_video(page, 25, 45, 25, 60)  # erased: a vertical stroke through it
+    page.wait_for_selector("body[data-previewed='12:2']", timeout=20_000)
+    page.screenshot(path=SHOTS / "studio_brush.png")
+    entries = track_and_compare(page, store, before, tmp_path / "brushed")
+    painted = [e for e in entries if e["frame"] == 12 and e["object"] == 2]
+    assert len(painted) == 1 and painted[0]["mask"].startswith("data:image/png;base64,")
+    from segpipe.prompts import load
+
+    mask = load(painted[0:1], 24, 96, 72)[0].mask
+    assert mask[52, 12] and mask[52, 38] and not mask[52, 25]  # painted, then erased
+
+    # the CVAT export from the page: the store's masks
+    from test_export import cvat_masks
+
+    page.select_option("#export-format", "cvat")
+    runs = page.evaluate("Number(document.body.dataset.runs)")
+    page.click("#export")
+    page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=60_000)
+    xml = store.with_name("clip.export") / "annotations.xml"
+    assert str(xml) in page.inner_text("#progress")
+    import segpipe as api
+
+    run = api.open(store)
+    tracks = cvat_masks(xml, 72, 96)
+    for obj in run.object_ids:
+        assert sorted(tracks[f"object {obj}"]) == list(range(24))
+        for t, m in tracks[f"object {obj}"].items():
+            assert np.array_equal(m, run.mask(t, obj))
+    assert not page.errors, page.errors
+    page.close()
+
+
+def track_and_compare(page, store: Path, before: Path, work: Path) -> list:
+    """Download the page's prompts, press Track, wait for it; the store must then be what
+    `segpipe track --prompts <that file>` makes of `before` (a copy of it). Returns the
+    prompts."""
+    work.mkdir()
+    with page.expect_download() as download:
+        page.click("#download")
+    prompts = work / "prompts.json"
+    download.value.save_as(prompts)
+    runs = page.evaluate("Number(document.body.dataset.runs)")
+    page.click("#track")
+    page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=120_000)
+    cli = work / "cli.zarr"
+    shutil.copytree(before, cli)
+    segpipe("track", "--store", cli, "--prompts", prompts, "--quiet", check=True)
+    assert_same_store(store, cli)
+    return json.loads(prompts.read_text())["prompts"]
+
+
+class encoder_calls:
+    """Counts SAM 2 image-encoder calls in this process, on any predictor (the real model,
+    observed through a global forward hook)."""
+
+    def __enter__(self):
+        import torch
+        from sam2.modeling.backbones.image_encoder import ImageEncoder
+
+        self.count = 0
+
+        def hook(module, *_):
+            if isinstance(module, ImageEncoder):
+                self.count += 1
+
+        self.handle = torch.nn.modules.module.register_module_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
+    url = studio.url
+    fetch(
+        url + "api/prompts",
+        "PUT",
+        {"prompts": [{"object": 1, "frame": 5, "points": [[30, 30]], "labels": [1]}]},
+    )
+    digest = tree_digest(store)
+    cases = [
+        ("GET", "api/frames/24.jpg", None, 400, "out of range"),
+        ("GET", "api/masks/999.png", None, 400, "out of range"),
+        ("GET", "api/frames/-1.jpg", None, 404, "not found"),
+        ("GET", "api/frames/x.jpg", None, 404, "not found"),
+        ("POST", "api/preview", b"{nope", 400, "malformed json"),
+        ("POST", "api/preview", {"frame": 5, "object": 7}, 400, "object 7 has no prompt"),
+        ("POST", "api/preview", {"frame": 99, "object": 1}, 400, "out of range"),
+        (
+            "PUT",
+            "api/prompts",
+            {"prompts": [{"object": 1, "frame": 5, "points": [[500, 5]], "labels": [1]}]},
+            400,
+            "outside",
+        ),
+        (
+            "PUT",
+            "api/prompts",
+            {"prompts": [{"object": 1, "frame": 50, "box": [1, 1, 9, 9]}]},
+            400,
+            "frame",
+        ),
+        ("PUT", "api/prompts", {"prompts": "all"}, 400, "list"),
+        ("PUT", "api/prompts", [1, 2], 400, "prompts"),
+        (
+            "PUT",
+            "api/prompts",
+            {"prompts": [{"object": 1, "frame": 5, "mask": "../../etc/passwd"}]},
+            400,
+            "mask",
+        ),
+        ("POST", "api/track", {"direction": "sideways"}, 400, "direction"),
+        ("POST", "api/track", b"{}", 400, "content-type"),  # as another site's form sends
+        ("POST", "api/cancel", b"", 400, "content-type"),
+        ("PUT", "api/prompts", b"{nope", 400, "malformed json"),
+        ("POST", "api/export", {"format": "cvat"}, 409, "no tracking results"),
+        ("POST", "api/export", {"format": "png"}, 400, "format must be one of"),
+        ("POST", "api/export", [], 400, "format"),
+        ("DELETE", "api/prompts", None, 405, "method not allowed"),
+        ("GET", "api/../../../etc/passwd", None, 404, "not found"),
+        ("GET", "static/..%2f..%2fsession.py", None, 404, "not found"),
+        ("GET", "static/%2e%2e/session.py", None, 404, "not found"),
+    ]
+    for method, path, body, status, words in cases:
+        kind = (
+            None
+            if path in ("api/track", "api/cancel") and isinstance(body, bytes)
+            else "application/json"
+        )
+        got, data, _ = fetch(url + path, method, body, kind)
+        assert got == status, (path, body, got, data)
+        message = json.loads(data)["error"]
+        assert "\n" not in message and words in message.lower(), (path, message)
+    got = json.loads(fetch(url + "api/prompts")[1])["prompts"]
+    assert got == [{"object": 1, "frame": 5, "points": [[30, 30]], "labels": [1]}]
+    assert tree_digest(store) == digest
+
+
+def test_the_api_is_described_by_its_openapi_schema(studio):
+    """Every endpoint the page uses is in `GET /api/schema`, with a summary."""
+    from segpipe.web.app import make_app
+
+    status, data, _ = fetch(studio.url + "api/schema")
+    assert status == 200, data
+    paths = json.loads(data)["paths"]
+    import re
+
+    routes = {
+        re.sub(r":\w+}", "}", r.path)
+        for r in make_app(studio.studio).routes
+        if r.path.startswith("/api/")
+    }
+    assert set(paths) == routes - {"/api/schema"}
+    for path, methods in paths.items():
+        for method, spec in methods.items():
+            assert spec.get("summary"), (path, method)
+
+
+def test_the_pages_prompts_are_the_stores_and_outlive_the_studio(store, small, tmp_path):
+    """The page's prompts are saved with the store as they change: a new studio opens with
+    them, and `segpipe track` without --prompts tracks them (the same store as with the
+    prompts file); once tracked, the store's draft is gone (they are its prompts)."""
+    from segpipe.web.server import StudioServer
+
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    before = tmp_path / "before.zarr"
+    shutil.copytree(store, before)
+    server = StudioServer(store, port=0).start()
+    try:
+        assert fetch(server.url + "api/prompts", "PUT", {"prompts": entries})[0] == 200
+    finally:
+        server.stop()
+    server = StudioServer(store, port=0).start()
+    try:
+        saved = json.loads(fetch(server.url + "api/prompts")[1])["prompts"]
+    finally:
+        server.stop()
+    assert [(e["object"], e["frame"]) for e in saved] == [(1, 5), (2, 8)]
+    assert (store / "prompts.json").is_file()
+    segpipe("track", "--store", store, "--quiet", check=True)
+    assert not (store / "prompts.json").exists()
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": entries}))
+    segpipe("track", "--store", before, "--prompts", prompts, "--quiet", check=True)
+    assert_same_store(store, before)
+
+
+def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small, tmp_path):
+    """`segpipe studio clip.mp4 --model segpipe_tiny`: the video is decoded, the preview
+    encodes its frame alone (one encoder call, nothing written), Track encodes the chunks as
+    it tracks them; the store is then `segpipe encode --model segpipe_tiny` and `segpipe
+    track` on the decoded store."""
+    import segpipe as api
+    from segpipe.web.server import StudioServer
+
+    store = tmp_path / "clip.zarr"
+    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
+    before = tmp_path / "before.zarr"
+    shutil.copytree(store, before)
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    server = StudioServer(store, port=0, model=dict(model="segpipe_tiny")).start()
+    try:
+        url = server.url
+        assert json.loads(fetch(url + "api/info")[1])["encoded"] is False
+        assert fetch(url + "api/prompts", "PUT", {"prompts": entries})[0] == 200
+        digest = {k: v for k, v in tree_digest(store).items() if k != "prompts.json"}
+        with encoder_calls() as calls:
+            assert preview_mask(url, 5, 1).any()
+        assert calls.count == 1
+        assert {k: v for k, v in tree_digest(store).items() if k != "prompts.json"} == digest
+        assert fetch(url + "api/track", "POST", {})[0] == 202
+        deadline = time.monotonic() + 120
+        while json.loads(fetch(url + "api/progress")[1])["state"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert json.loads(fetch(url + "api/progress")[1])["state"] == "done"
+    finally:
+        server.stop()
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": entries}))
+    segpipe("encode", "--store", before, "--model", "segpipe_tiny", "--quiet", check=True)
+    segpipe("track", "--store", before, "--prompts", prompts, "--quiet", check=True)
+    assert_same_store(store, before)
+
+
+def test_beyond_loopback_every_request_needs_the_token(store):
+    from segpipe.web.server import StudioServer
+
+    server = StudioServer(store, host="0.0.0.0", port=0).start()
+    try:
+        assert "?token=" in server.url
+        port = server.url.split(":")[2].split("/")[0]
+        base = f"http://127.0.0.1:{port}/"
+        for path in ("", "api/info", "api/frames/0.jpg", "static/studio.js"):
+            status, data, _ = fetch(base + path)
+            assert status == 401 and b"token" in data, path
+        assert fetch(base + "api/info?token=wrong")[0] == 401
+        status, _, headers = fetch(base + f"?token={server.token}")
+        assert status == 200 and server.token in headers.get("set-cookie", "")
+        request = urllib.request.Request(base + "api/info")
+        request.add_header("Cookie", f"segpipe_token={server.token}")
+        with urllib.request.urlopen(request) as r:
+            assert json.loads(r.read())["frames"] == 24
+    finally:
+        server.stop()
+
+
+def hold_store(store: Path) -> subprocess.Popen:
+    """Another process holding the store's lock (as a running `segpipe track` does)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from segpipe.store.lock import store_lock\n"
+            "with store_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+            str(store),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_store_another_process_writes_is_read_only_meanwhile(store):
+    """While another process holds the store (a `segpipe track`), the studio says it is
+    read-only and refuses changes in one line, whether it was opened before or after; the
+    store is left as it was; once that process is done, the studio writes again."""
+    from segpipe.web.server import StudioServer
+
+    body = {"prompts": [{"object": 1, "frame": 5, "points": [[30, 30]], "labels": [1]}]}
+    opened_first = StudioServer(store, port=0).start()
+    try:
+        holder = hold_store(store)
+        try:
+            status, data, _ = fetch(opened_first.url + "api/prompts", "PUT", body)
+            assert status == 409 and "read-only" in json.loads(data)["error"], data
+        finally:
+            holder.kill()
+            holder.wait()
+        assert fetch(opened_first.url + "api/prompts", "PUT", body)[0] == 200
+        assert fetch(opened_first.url + "api/prompts", "PUT", {"prompts": []})[0] == 200
+    finally:
+        opened_first.stop()
+    holder = hold_store(store)
+    try:
+        digest = tree_digest(store)
+        server = StudioServer(store, port=0).start()
+        try:
+            info = json.loads(fetch(server.url + "api/info")[1])
+            assert "read-only" in info["read_only"] and f"pid {holder.pid}" in info["read_only"]
+            body = {"prompts": [{"object": 1, "frame": 5, "points": [[30, 30]], "labels": [1]}]}
+            for method, path, b in (
+                ("PUT", "api/prompts", body),
+                ("POST", "api/track", {}),
+                ("POST", "api/export", {"format": "davis"}),
+            ):
+                status, data, _ = fetch(server.url + path, method, b)
+                assert status == 409 and "read-only" in json.loads(data)["error"], data
+            assert fetch(server.url + "api/frames/3.jpg")[0] == 200  # looking still works
+        finally:
+            server.stop()
+        assert tree_digest(store) == digest
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cancel_then_kill_9_of_the_studio_mid_track_then_track_again_resumes(
+    store, small, tmp_path
+):
+    """One `segpipe studio` process, held before its 2nd chunk's masks (a test hook): a CLI
+    track on the store is refused meanwhile (one writer); Cancel then lets that chunk in
+    flight finish and stops, as one Ctrl-C. Track again resumes, and the studio is killed
+    -9 halfway through writing a later chunk's masks. A new studio's Track resumes from the
+    chunks committed; the store is then the CLI's with the same prompts."""
+    before = tmp_path / "before.zarr"
+    shutil.copytree(store, before)
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    flag = tmp_path / "go"
+
+    def start(*hooks):
+        code = "import sys, kill_points\n" + "".join(f"kill_points.{h}\n" for h in hooks)
+        code += f"kill_points.cli(['studio', {str(store)!r}, '--port', '0'])"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        )
+        line = proc.stdout.readline()
+        assert line.startswith("studio: http://"), proc.stderr.read()
+        return proc, line.split()[1]
+
+    def wait_job(url, proc=None):
+        deadline = time.monotonic() + 120
+        while (p := json.loads(fetch(url + "api/progress")[1]))["state"] == "running":
+            assert time.monotonic() < deadline and (proc is None or proc.poll() is None)
+            time.sleep(0.05)
+        return p
+
+    # one masks file per object and chunk, forward from frame 5 in chunks of 4: chunk 0's
+    # (untracked) are writes 1-2, chunk 1's 3-4, chunk 2's 5-6, chunk 3's 7-8, chunk 4's 9-10
+    proc, url = start(f"wait_before_write('masks', 5, {str(flag)!r})", "mid_write('masks', 9)")
+    try:
+        assert fetch(url + "api/prompts", "PUT", {"prompts": entries})[0] == 200
+        assert fetch(url + "api/track", "POST", {"direction": "forward"})[0] == 202
+        deadline = time.monotonic() + 120
+        while ledger_count(store, "track_forward") < 1:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        refused = segpipe("track", "--store", store, "--prompts", small / "prompts.json")
+        assert refused.returncode != 0 and "in use by" in refused.stderr, refused.stderr
+        assert fetch(url + "api/cancel", "POST", {})[0] == 200
+        flag.touch()
+        p = wait_job(url, proc)
+        assert p["state"] == "cancelled" and "cancelled" in p["message"], p
+        assert ledger_count(store, "track_forward") == 2  # the chunk in flight finished
+        assert fetch(url + "api/track", "POST", {"direction": "forward"})[0] == 202
+        assert proc.wait(60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    assert ledger_count(store, "track_forward") == 3  # killed in chunk 4 of 1..5
+    proc, url = start()
+    try:
+        assert json.loads(fetch(url + "api/prompts")[1])["prompts"] != []
+        assert fetch(url + "api/track", "POST", {"direction": "forward"})[0] == 202
+        assert wait_job(url)["state"] == "done"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": entries}))
+    segpipe(
+        "track",
+        "--store",
+        before,
+        "--prompts",
+        prompts,
+        "--direction",
+        "forward",
+        "--quiet",
+        check=True,
+    )
+    assert_same_store(store, before)
+
+
+def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
+    browser, store, small, tmp_path
+):
+    """The strips draw each object where it is present (its colour), tracked but absent
+    (grey) and its prompts (white); a fall of the score below zero is marked, and ] / [
+    jump to the next / previous such frame. The scores of object 1 on frames 10..13 are set
+    below zero in the store (through zarr) to make a loss the test knows."""
+    import zarr
+
+    import segpipe
+    from segpipe.web.server import StudioServer
+
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    segpipe.track(store, entries, progress=False)
+    with zarr.config.set({"array.write_empty_chunks": True}):
+        scores = zarr.open_group(str(store), mode="r+")["object_scores"]
+        s = scores[...]
+        s[:, 0] = np.abs(s[:, 0]) + 1.0
+        s[10:14, 0] = -5.0
+        scores[...] = s
+    server = StudioServer(store, port=0).start()
+    try:
+        page = open_page(browser, server.url + "?frame=2")
+        assert page.evaluate("studio.lost") == [10]
+        page.keyboard.press("]")
+        page.wait_for_selector("body[data-frame='10']")
+        page.keyboard.press("End")
+        page.wait_for_selector("body[data-frame='23']")
+        page.keyboard.press("[")
+        page.wait_for_selector("body[data-frame='10']")
+        page.keyboard.press("Home")
+        page.wait_for_selector("body[data-frame='0']")
+        page.keyboard.press("ArrowRight")
+        page.wait_for_selector("body[data-frame='1']")
+        strips = page.evaluate(
+            """() => { const c = document.getElementById('strips');
+            const g = c.getContext('2d'), T = studio.info.frames, out = [];
+            for (const r of [0, 1]) { const row = [];
+              for (let f = 0; f < T; f++) {
+                const x = Math.floor((f + 0.5) * c.width / T);
+                row.push(Array.from(g.getImageData(x, r * 10 + 5, 1, 1).data.slice(0, 3))); }
+              out.push(row); }
+            return out; }"""
+        )
+        colour, grey, white = list(PALETTE[1]), [68, 68, 68], [255, 255, 255]
+        assert strips[0][11] == grey and strips[0][12] == grey
+        assert strips[0][3] == colour and strips[0][20] == colour
+        assert strips[0][5] == white and strips[1][8] == white  # the prompts' frames
+        page.screenshot(path=SHOTS / "studio_lost.png")
+        assert not page.errors, page.errors
+        page.close()
+    finally:
+        server.stop()
