@@ -686,6 +686,12 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
         assert strips[0][3] == colour and strips[0][20] == colour
         assert strips[0][5] == white and strips[1][8] == white  # the prompts' frames
         page.screenshot(path=SHOTS / "studio_lost.png")
+        assert tinted(page, PALETTE[1]).sum() > 20  # object 1 shown on frame 1
+        page.keyboard.press("1")
+        page.keyboard.press("h")  # hidden
+        assert tinted(page, PALETTE[1]).sum() == 0 and tinted(page, PALETTE[2]).sum() > 20
+        page.keyboard.press("h")  # shown again
+        assert tinted(page, PALETTE[1]).sum() > 20
         assert not page.errors, page.errors
         page.close()
     finally:

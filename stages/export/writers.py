@@ -406,7 +406,7 @@ class CvatWriter:
         return [path]
 
     def finish(self, chunks):
-        from xml.sax.saxutils import quoteattr
+        from xml.sax.saxutils import escape, quoteattr
 
         W, H = self.video["width"], self.video["height"]
         a, b = self.frames
@@ -417,7 +417,7 @@ class CvatWriter:
         with replacing(self.out) as tmp, open(tmp, "w") as f:
             f.write('<?xml version="1.0" encoding="utf-8"?>\n<annotations>\n')
             f.write("  <version>1.1</version>\n  <meta><task>")
-            f.write(f"<name>{self.store.path.name}</name><size>{b - a}</size>")
+            f.write(f"<name>{escape(self.store.path.name)}</name><size>{b - a}</size>")
             f.write("<mode>interpolation</mode><overlap>0</overlap>")
             f.write(f"<start_frame>{a}</start_frame><stop_frame>{b - 1}</stop_frame>")
             f.write(f"<labels>{labels}</labels>")

@@ -10,7 +10,7 @@ const S = {
   info: null, frame: 0, selected: 1, extra: [], entries: [], history: [],
   scores: { objects: [], scores: [], tracked: [] }, lost: [],
   image: null, tracked: null, previews: new Map(), playing: false, version: -1,
-  drag: null, inFlight: null, shown: null, tool: "prompt", paint: null,
+  drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(),
 };
 window.studio = S; // read by the tests (and handy in the console)
 
@@ -46,12 +46,20 @@ function drawObjects() {
     b.dataset.object = id;
     b.style.background = `rgb(${colour(id).join(",")})`;
     b.classList.toggle("selected", id === S.selected);
+    b.classList.toggle("hidden", S.hidden.has(id));
+    b.title = `object ${id} (h: ${S.hidden.has(id) ? "show" : "hide"} its masks)`;
     b.onclick = () => select(id);
     box.appendChild(b);
   }
 }
 
 function select(id) { S.selected = id; drawObjects(); draw(); }
+
+function toggleHidden(id) {
+  if (S.hidden.has(id)) S.hidden.delete(id); else S.hidden.add(id);
+  drawObjects();
+  draw();
+}
 
 function addObject() {
   const id = Math.max(0, ...objectIds()) + 1;
@@ -264,13 +272,13 @@ function draw() {
       const v = S.tracked[i];
       if (!v) continue;
       const id = slots[v - 1];
-      if (id === undefined || shown.has(id)) continue;
+      if (id === undefined || shown.has(id) || S.hidden.has(id)) continue;
       tint(px, i, colour(id), alpha);
     }
   }
   for (const [key, p] of S.previews) {
     const [f, o] = key.split(":").map(Number);
-    if (f !== S.frame) continue;
+    if (f !== S.frame || S.hidden.has(o)) continue;
     for (let i = 0; i < W * H; i++) if (p.mask[i]) tint(px, i, colour(o), alpha);
   }
   g.putImageData(overlay, 0, 0);
@@ -472,6 +480,7 @@ function wire() {
       Home: () => goFrame(0), End: () => goFrame(S.info.frames - 1), " ": togglePlay,
       "[": () => jumpLost(-1), "]": () => jumpLost(1), n: addObject,
       p: () => setTool("prompt"), b: () => setTool("brush"), e: () => setTool("eraser"),
+      h: () => toggleHidden(S.selected),
       z: () => guarded(undo), t: () => guarded(track), Delete: () => guarded(deleteObject),
       "?": () => { $("help").hidden = !$("help").hidden; }, Escape: () => { $("help").hidden = true; },
     };
