@@ -90,6 +90,7 @@ def get(url: str) -> bytes:
 
 def post(url: str, body: dict, method="POST") -> bytes:
     req = urllib.request.Request(url, json.dumps(body).encode(), method=method)
+    req.add_header("Content-Type", "application/json")  # as the page sends it
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.read()
 

@@ -84,6 +84,14 @@ def studio(store):
     server.stop()
 
 
+def here(*args) -> None:
+    """segpipe's command line in this process (reference results: the commands a test is
+    about run in their own)."""
+    from segpipe.cli import cli
+
+    cli.main([*map(str, args), "--quiet"], prog_name="segpipe", standalone_mode=False)
+
+
 def open_page(browser, url: str):
     """A page on `url`, ready; its script errors are kept in `page.errors` (tests end by
     asserting there are none)."""
@@ -294,7 +302,7 @@ def track_and_compare(page, store: Path, before: Path, work: Path) -> list:
     page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=120_000)
     cli = work / "cli.zarr"
     shutil.copytree(before, cli)
-    segpipe("track", "--store", cli, "--prompts", prompts, "--quiet", check=True)
+    here("track", "--store", cli, "--prompts", prompts)
     assert_same_store(store, cli)
     return json.loads(prompts.read_text())["prompts"]
 
@@ -431,7 +439,7 @@ def test_the_pages_prompts_are_the_stores_and_outlive_the_studio(store, small, t
     assert not (store / "prompts.json").exists()
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": entries}))
-    segpipe("track", "--store", before, "--prompts", prompts, "--quiet", check=True)
+    here("track", "--store", before, "--prompts", prompts)
     assert_same_store(store, before)
 
 
@@ -468,8 +476,8 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
         server.stop()
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": entries}))
-    segpipe("encode", "--store", before, "--model", "segpipe_tiny", "--quiet", check=True)
-    segpipe("track", "--store", before, "--prompts", prompts, "--quiet", check=True)
+    here("encode", "--store", before, "--model", "segpipe_tiny")
+    here("track", "--store", before, "--prompts", prompts)
     assert_same_store(store, before)
 
 
@@ -623,17 +631,7 @@ def test_cancel_then_kill_9_of_the_studio_mid_track_then_track_again_resumes(
         proc.wait(30)
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": entries}))
-    segpipe(
-        "track",
-        "--store",
-        before,
-        "--prompts",
-        prompts,
-        "--direction",
-        "forward",
-        "--quiet",
-        check=True,
-    )
+    here("track", "--store", before, "--prompts", prompts, "--direction", "forward")
     assert_same_store(store, before)
 
 
