@@ -165,7 +165,8 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
             quiet=quiet,
         )  # the store's precision
     if any(stage.startswith("track") for stage in redo):
-        track(store.path, device=device, checkpoint=checkpoint, quiet=quiet)
+        # the tracked prompts, never a studio's draft: a repair recomputes what was tracked
+        track(store.path, device=device, checkpoint=checkpoint, quiet=quiet, draft=False)
     n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
     log.result(f"repair: recomputed {log.count(n, 'chunk')} of {', '.join(sorted(redo))}", quiet)
     return found

@@ -435,12 +435,33 @@ def test_the_pages_prompts_are_the_stores_and_outlive_the_studio(store, small, t
         server.stop()
     assert [(e["object"], e["frame"]) for e in saved] == [(1, 5), (2, 8)]
     assert (store / "prompts.json").is_file()
-    segpipe("track", "--store", store, "--quiet", check=True)
+    tracked = segpipe("track", "--store", store)
+    assert tracked.returncode == 0 and "segpipe studio saved" in tracked.stderr, tracked.stderr
     assert not (store / "prompts.json").exists()
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": entries}))
     here("track", "--store", before, "--prompts", prompts)
     assert_same_store(store, before)
+
+    # a repair recomputes what was tracked, never a draft; a studio open while another
+    # command tracks new prompts shows those
+    server = StudioServer(store, port=0).start()
+    try:
+        other = [{"object": 1, "frame": 9, "box": [20, 20, 60, 50]}]
+        assert fetch(server.url + "api/prompts", "PUT", {"prompts": other})[0] == 200
+        damaged = next((store / "masks" / "c").rglob("*"), None)
+        while damaged.is_dir():
+            damaged = next(damaged.iterdir())
+        damaged.unlink()
+        segpipe("repair", "--store", store, "--quiet", check=True)
+        assert (store / "prompts.json").is_file()
+        assert_same_store(store, before)
+        fetch(server.url + "api/prompts", "PUT", {"prompts": []})  # no draft now
+        here("track", "--store", store, "--prompts", small / "prompts.json")
+        shown = json.loads(fetch(server.url + "api/prompts")[1])["prompts"]
+        assert [(e["object"], e["frame"]) for e in shown] == [(1, 5), (2, 8), (3, 11)]
+    finally:
+        server.stop()
 
 
 def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small, tmp_path):

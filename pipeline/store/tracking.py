@@ -35,7 +35,13 @@ def draft_prompts(store: RunStore) -> list | None:
     if not path.is_file():
         return None
     video = store.attrs["video"]
-    return prompt_file.load(path, store.attrs["frame_count"], video["width"], video["height"])
+    try:
+        return prompt_file.load(path, store.attrs["frame_count"], video["width"], video["height"])
+    except BadInput as e:
+        raise BadInput(
+            f"segpipe studio's saved prompts {path} are not valid ({e.message}): "
+            f"fix or delete that file (the tracked prompts are kept apart)"
+        ) from None
 
 
 def next_prompts(store: RunStore) -> list:
@@ -59,8 +65,16 @@ def save_draft(store: RunStore, entries: list[dict]) -> None:
     fsync_path_dir(store.path)
 
 
-def drop_draft(store: RunStore) -> None:
-    (store.path / DRAFT).unlink(missing_ok=True)
+def drop_draft(store: RunStore) -> bool:
+    """Remove the draft (durably); whether there was one."""
+    from segpipe.fsutil import fsync_path_dir
+
+    path = store.path / DRAFT
+    if not path.is_file():
+        return False
+    path.unlink()
+    fsync_path_dir(store.path)
+    return True
 
 
 def stored_settings(store: RunStore) -> dict | None:

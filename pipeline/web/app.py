@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -151,9 +153,12 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         """
 
         async def stream():
-            last = None
+            last, synced = None, 0.0
             while not stopping() and not await request.is_disconnected():
-                now = studio.progress()
+                if time.monotonic() - synced > 1:  # what another process did to the store
+                    await run_in_threadpool(studio.sync)
+                    synced = time.monotonic()
+                now = await run_in_threadpool(studio.progress)
                 if now != last:
                     yield f"data: {json.dumps(now)}\n\n"
                     last = now
@@ -194,7 +199,12 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
     )
     if token is not None:
         app.add_middleware(_TokenCheck, token=token)
+    else:  # loopback: only its own names (a rebound name of another site is refused)
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_NAMES)
     return app
+
+
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 
 
 SCHEMAS = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "segpipe studio", "version": "1"}})

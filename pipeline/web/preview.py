@@ -34,7 +34,7 @@ class Previewer:
         spec = store.attrs.get("model")
         options = pick_options(store, (stored_settings(store) or {}).get("direction", "both"))
         if self.predictor is None or spec != self.built_for or options != self.options:
-            self.options, self.built_for = options, spec
+            built_for = spec
             if spec is not None:
                 weights, _ = _embeddings_weights(store, spec, self.choice["checkpoint"])
             else:  # what Track will record (`encode`'s choice of model and weights)
@@ -43,7 +43,8 @@ class Previewer:
                     name, self.choice["checkpoint"], self.choice["random_weights"]
                 )
                 spec = {"name": name, "image_size": store.attrs["image_size"]}
-            self.predictor = _build_predictor(spec, weights, self.device, self.options)
+            self.predictor = _build_predictor(spec, weights, self.device, options)
+            self.options, self.built_for = options, built_for  # once it is built
         return self.predictor
 
     def precision(self, store: RunStore) -> str:

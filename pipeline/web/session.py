@@ -5,6 +5,7 @@ background, which runs exactly what `segpipe track --prompts` runs."""
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,14 @@ from PIL import Image
 
 from segpipe import interrupt
 from segpipe import prompts as prompt_file
-from segpipe.errors import BadInput, DamagedStore, SegpipeError, StoreLocked, StoreNotReady
+from segpipe.errors import (
+    BadInput,
+    DamagedStore,
+    SegpipeError,
+    StoreLocked,
+    StoreMismatch,
+    StoreNotReady,
+)
 from segpipe.plan import Span, passes
 from segpipe.store.lock import holder, store_lock
 from segpipe.store.runstore import RunStore
@@ -63,11 +71,9 @@ class Studio:
     @property
     def read_only(self) -> str | None:
         """Why the studio cannot write now (another process holds the store), else None."""
-        if self.job.running():
-            return None  # the lock is this studio's own
         writer = holder(self.path)
-        if writer is None:
-            return None
+        if writer is None or writer.get("pid") == os.getpid():
+            return None  # free, or held by this studio (its job, or a save of its prompts)
         return f"store {self.path} is being written by {_who(writer)}: the studio is read-only"
 
     def info(self) -> dict:
@@ -143,15 +149,17 @@ class Studio:
         draft = path.stat().st_mtime_ns if path.is_file() else None
         return draft, (stored_settings(store) or {}).get("prompts_sha256")
 
-    def sync(self) -> None:
+    def sync(self) -> bool:
         """Take the store's prompts again where another process changed them (a `segpipe
-        track` with new prompts while the studio was open)."""
+        track` with new prompts while the studio was open); whether it did."""
         store = self.store()
         seen = self._tracking_seen(store)
-        if seen != self.seen and not self.job.running():
-            self.entries, self.seen = self._stored_entries(store), seen
-            self.direction = (stored_settings(store) or {}).get("direction", self.direction)
-            self.bump()
+        if seen == self.seen or self.job.running():
+            return False
+        self.entries, self.seen = self._stored_entries(store), seen
+        self.direction = (stored_settings(store) or {}).get("direction", self.direction)
+        self.bump()
+        return True
 
     def _entry(self, p) -> dict:
         entry = {"object": p.object_id, "frame": p.frame}
@@ -189,12 +197,13 @@ class Studio:
         video, T = store.attrs["video"], store.attrs["frame_count"]
         loaded = prompt_file.load(entries, T, video["width"], video["height"]) if entries else []
         entries = [self._entry(p) for p in loaded]  # id masks as one mask entry per object
-        if self.job.running():
-            raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
-        with store_lock(self.path):  # one writer: the draft is the store's
-            save_draft(RunStore.open(self.path), entries)
-            self.entries = [dict(e) for e in entries]
-            self.seen = self._tracking_seen(store)
+        with self._starting:  # no job starts meanwhile
+            if self.job.running():
+                raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
+            with store_lock(self.path):  # one writer: the draft is the store's
+                save_draft(RunStore.open(self.path), entries)
+                self.entries = [dict(e) for e in entries]
+                self.seen = self._tracking_seen(store)
         self.bump()
 
     def prompts_file(self) -> dict:
@@ -217,6 +226,11 @@ class Studio:
         """Start tracking the page's prompts in the background (as `segpipe track
         --prompts FILE --direction D` on the store)."""
         self._writable()
+        if self.sync():
+            raise StoreMismatch(
+                "another process tracked the store with other prompts: the page shows "
+                "them now; press Track again to track these"
+            )
         direction = direction or self.direction
         if direction not in DIRECTIONS:
             raise BadInput(f"direction must be one of {', '.join(DIRECTIONS)}")
@@ -245,16 +259,19 @@ class Studio:
             and self.previewer.built_for == self.store().attrs.get("model")
             and self.previewer.options == _options(self)
         )
-        track(
-            self.path,
-            prompts,
-            direction,
-            device=self.device,
-            checkpoint=self.checkpoint,
-            quiet=True,
-            predictor=predictor if same else None,
-            on_commit=committed,
-        )
+        try:
+            track(
+                self.path,
+                prompts,
+                direction,
+                device=self.device,
+                checkpoint=self.checkpoint,
+                quiet=True,
+                predictor=predictor if same else None,
+                on_commit=committed,
+            )
+        finally:  # the store's prompts are these now, by this studio's doing
+            self.seen = self._tracking_seen(self.store())
         return "" if job.new else "already tracked with these prompts: nothing to do"
 
     def export(self, fmt) -> None:
@@ -291,7 +308,7 @@ class Studio:
         self.job.cancel()
 
     def progress(self) -> dict:
-        return {**self.job.snapshot(), "version": self.version}
+        return {**self.job.snapshot(), "version": self.version, "read_only": self.read_only}
 
     def bump(self) -> None:
         with self.changed:

@@ -414,7 +414,7 @@ class CvatWriter:
             f"<label><name>object {obj}</name><type>mask</type><attributes/></label>"
             for obj in self.ids
         )
-        with replacing(self.out) as tmp, open(tmp, "w") as f:
+        with replacing(self.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write('<?xml version="1.0" encoding="utf-8"?>\n<annotations>\n')
             f.write("  <version>1.1</version>\n  <meta><task>")
             f.write(f"<name>{escape(self.store.path.name)}</name><size>{b - a}</size>")

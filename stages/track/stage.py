@@ -43,7 +43,14 @@ from segpipe.store.masks import mask_chunks, write_fill
 from segpipe.store.retention import on_disk, sweep
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import stored_source
-from segpipe.store.tracking import drop_draft, next_prompts, pick_options, stored_settings
+from segpipe.store.tracking import (
+    draft_prompts,
+    drop_draft,
+    next_prompts,
+    pick_options,
+    stored_prompts,
+    stored_settings,
+)
 
 DIRECTIONS = ("both", "forward", "reverse")
 
@@ -133,10 +140,12 @@ def track(
     cluster=None,
     frames=None,
     space=None,
+    draft: bool = True,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
-    track), resuming or repairing whatever is not done.
+    track; with `draft` False, those of the last track: a repair), resuming or repairing
+    whatever is not done.
 
     Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
     called after each chunk a pass commits (`run` and the dataset command export it then).
@@ -151,7 +160,9 @@ def track(
     (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is
     work to do."""
     store = RunStore.open(store_path)
-    direction, plan, spec, prompts = _track_inputs(store, prompts, direction)
+    if prompts is None and draft and draft_prompts(store) is not None:
+        log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
+    direction, plan, spec, prompts = _track_inputs(store, prompts, direction, draft)
     weights, seed = _embeddings_weights(store, spec, checkpoint)
     options = pick_options(
         store,
@@ -184,7 +195,7 @@ def track(
     return store
 
 
-def _track_inputs(store: RunStore, prompts, direction: str | None):
+def _track_inputs(store: RunStore, prompts, direction: str | None, draft: bool = True):
     """(direction, chunk plan, model spec, prompts) of a tracking of the store, checked."""
     T = require_decoded(store)
     direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
@@ -196,7 +207,7 @@ def _track_inputs(store: RunStore, prompts, direction: str | None):
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
     video = store.attrs["video"]
     prompts = (
-        next_prompts(store)
+        (next_prompts(store) if draft else stored_prompts(store))
         if prompts is None
         else prompt_file.load(prompts, T, video["width"], video["height"])
     )

@@ -397,6 +397,8 @@ function listen() {
   events.onmessage = (m) => {
     const p = JSON.parse(m.data);
     showProgress(p);
+    $("store").textContent = S.info.store + (p.read_only ? " (read-only)" : "");
+    if (p.read_only !== S.readOnly) { S.readOnly = p.read_only; say(p.read_only || ""); }
     if (p.state === "done" && S.lastState === "running") S.previews.clear(); // tracked now
     S.lastState = p.state;
     if (p.version !== S.version) {
