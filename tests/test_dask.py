@@ -295,6 +295,37 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, req
     assert_same_run(reference, store)
 
 
+def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_path, request):
+    """A tracking-pass task whose run was taken over, started before (its store opened under
+    the old lease) and resuming the pass from its first chunk: the first thing it writes is
+    the pass's prompted memory (`memory/forward/prompted_*`), which every later resume reads.
+    The lease inside the store refuses that write too; no file of the store changes."""
+    import torch
+
+    from segpipe.dask import tasks as units
+    from segpipe.errors import StoreLocked
+    from segpipe.store.lock import store_lock, token
+    from segpipe.store.runstore import RunStore
+
+    # a task's store opening sets this process's torch thread count to the task's: given back
+    request.addfinalizer(lambda threads=torch.get_num_threads(): torch.set_num_threads(threads))
+
+    store = tmp_path / "clip.zarr"
+    shutil.copytree(reference, store)
+    copy = RunStore.open(store)
+    for k in range(6):
+        copy.ledger("track_forward").undo(k)  # the pass starts over from its first chunk
+    path = str(store)
+    with store_lock(store):
+        old = units.Work(token(store), None, "cpu", 1, 1)
+        begun = units._store(path, old)
+    with store_lock(store):  # another run took the store over
+        written = tree_mtimes(store)
+        with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
+            units.pass_on(begun, "forward", old)
+        assert tree_mtimes(store) == written
+
+
 def test_dataset_on_two_workers_is_the_single_process_run(
     dataset, checkpoint, cluster, tmp_path, monkeypatch
 ):
@@ -548,18 +579,28 @@ def test_segpipes_local_workers_run_without_dasks_malloc_trim_threshold():
 
 # A Dask worker preload (`distributed.worker.preload`) for the test below: the first time a
 # task on this worker finds `features/levelN` (RACE_LEVEL) missing, it waits (a few seconds
-# at most) for a task on the other worker to find it missing too; the second to arrive then
-# looks on after the first had time to create it. This forces the interleaving of a race
-# two tasks making the same array could only sometimes hit, every time; `arrived/` tells
-# how many tasks ever found the array missing.
+# at most) for a task on the other worker to find it missing too, as long as the scheduler
+# holds another encode task (one the other worker runs, or will: none, and no task can come
+# while this one waits, the client sending the rest only after it); the second to arrive
+# then looks on after the first had time to create it. This forces the interleaving of a
+# race two tasks making the same array could only sometimes hit, every time; `arrived/`
+# tells how many tasks ever found the array missing.
 RACE_PRELOAD = """
 import os, time
 from pathlib import Path
+
+from distributed import get_client, get_worker
 
 from segpipe.store.runstore import RunStore
 
 MEET, LEVEL = Path(os.environ["RACE_DIR"]), os.environ["RACE_LEVEL"]
 look, waited = getattr(RunStore, "race_look", RunStore.array), []  # reloaded: the first
+
+
+def others() -> bool:  # whether the scheduler holds an encode task other than this one
+    mine = str(get_worker().get_current_task())
+    keys = get_client().run_on_scheduler(lambda dask_scheduler: [*map(str, dask_scheduler.tasks)])
+    return any(k.startswith("encode-") and k != mine for k in keys)
 
 
 def array(self, name):
@@ -573,8 +614,9 @@ def array(self, name):
         except FileExistsError:
             first = False
         deadline = time.monotonic() + 8
-        while len(os.listdir(MEET / "arrived")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if others():
+            while len(os.listdir(MEET / "arrived")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
         if not first:
             time.sleep(1.5)  # the first has made the array meanwhile
     return found

@@ -141,6 +141,7 @@ def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracke
     import torch
     from conftest import assert_user_error
 
+    import segpipe as api
     from segpipe.model import build_model
 
     root, _, _ = tracked
@@ -149,21 +150,16 @@ def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracke
         {"model": build_model("segpipe_tiny", SIZE, Weights(random_seed=1)).state_dict()}, other
     )
     store = tmp_path / "other.zarr"
-    segpipe(
-        "run",
+    # decoded and encoded from that checkpoint in this process (what `segpipe run` without
+    # prompts calls); the command the test is about runs as a command
+    api.run(
         root / "clip.mp4",
-        "--store",
         store,
-        "--model",
-        "segpipe_tiny",
-        "--checkpoint",
-        other,
-        "--image-size",
-        SIZE,
-        "--chunk-size",
-        CHUNK,
-        "--quiet",
-        check=True,
+        model="segpipe_tiny",
+        checkpoint=str(other),
+        image_size=SIZE,
+        chunk_size=CHUNK,
+        progress=False,
     )
     proc = segpipe("track", "--store", store, "--prompts", root / "prompts.json", "--quiet")
     assert_user_error(proc, "--checkpoint")
