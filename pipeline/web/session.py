@@ -44,7 +44,6 @@ class Studio:
         device: str = "auto",
     ):
         from segpipe.model import DEFAULT_MODEL
-        from segpipe.web.preview import Previewer
 
         store = RunStore.open(store, read_only=True)
         if store.attrs.get("frame_count") is None:
@@ -54,7 +53,7 @@ class Studio:
         self.model = dict(
             model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
         )
-        self.previewer = Previewer(self.path, self.model, device)
+        self._previewer = None  # made on the first preview or Track: torch loads then
         self.entries, self.seen = self._stored_entries(store), self._tracking_seen(store)
         self.direction = (stored_settings(store) or {}).get("direction", "both")
         self.version = 0  # bumped on every change a tab should see
@@ -63,6 +62,14 @@ class Studio:
         self._starting = threading.Lock()  # a job's check and start are one step
         self._frames = FrameSource(self.path)
         self._masks = ChunkMasks()
+
+    @property
+    def previewer(self):
+        if self._previewer is None:
+            from segpipe.web.preview import Previewer
+
+            self._previewer = Previewer(self.path, self.model, self.device)
+        return self._previewer
 
     # -- the video ---------------------------------------------------------------------------
     def store(self) -> RunStore:
