@@ -60,6 +60,7 @@ def describe(store_path, now: float | None = None) -> dict:
         "model": attrs.get("model"),
         "running": running,
         "objects": _objects(attrs.get("track")),
+        "draft": _draft(store),
         "stages": stages,
         "exports": {
             name: {"out": e["out"], "complete": bool(e.get("complete"))}
@@ -197,6 +198,20 @@ def render(report: dict, verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _draft(store) -> dict | None:
+    """segpipe studio's saved prompts, not tracked yet: the file and how many entries."""
+    import json
+
+    from segpipe.store.tracking import DRAFT
+
+    path = store.path / DRAFT
+    try:
+        entries = json.loads(path.read_text()).get("prompts", [])
+    except (OSError, ValueError, AttributeError):
+        return None if not path.exists() else {"path": str(path), "prompts": None}
+    return {"path": str(path), "prompts": len(entries)}
+
+
 def _head(report: dict) -> list[str]:
     """Store, whether a process works on it, source, size, model, objects and prompts."""
     holder = report["running"]
@@ -223,6 +238,13 @@ def _head(report: dict) -> list[str]:
             for o in report["objects"]
         ]
         lines.append(f"objects  {'; '.join(said)}")
+    draft = report.get("draft")
+    if draft:
+        n = "unreadable" if draft["prompts"] is None else f"{draft['prompts']} prompts"
+        lines.append(
+            f"draft    segpipe studio's saved prompts ({n}, {draft['path']}): `segpipe track` "
+            f"without --prompts tracks them, starting over"
+        )
     return lines
 
 

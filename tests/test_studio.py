@@ -435,9 +435,12 @@ def test_the_pages_prompts_are_the_stores_and_outlive_the_studio(store, small, t
         server.stop()
     assert [(e["object"], e["frame"]) for e in saved] == [(1, 5), (2, 8)]
     assert (store / "prompts.json").is_file()
+    shown = segpipe("status", "--store", store, check=True).stdout
+    assert "segpipe studio's saved prompts (2 prompts" in shown, shown
     tracked = segpipe("track", "--store", store)
     assert tracked.returncode == 0 and "segpipe studio saved" in tracked.stderr, tracked.stderr
     assert not (store / "prompts.json").exists()
+    assert json.loads(segpipe("status", "--store", store, "--json").stdout)["draft"] is None
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": entries}))
     here("track", "--store", before, "--prompts", prompts)
