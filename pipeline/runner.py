@@ -14,7 +14,6 @@ from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
 from segpipe.sources.video import probe
 from segpipe.stages.decode import decode as decode_stage
-from segpipe.stages.encode import encode as encode_stage
 from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import OUTPUT_NAMES
 from segpipe.stages.track.stage import track as track_stage
@@ -39,6 +38,8 @@ def run(
     """Every stage on `store`, with the keyword arguments each stage takes (`decoding`,
     `encoding`, `tracking`); `space` is asked before each stage writes, `cluster` (or
     None) runs the encoding, tracking and export chunks on Dask."""
+    from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
+
     decoded = decode_stage(
         Path(video),
         Path(store),

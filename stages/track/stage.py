@@ -36,7 +36,6 @@ from segpipe.model import (
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
 from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads, say_cost
-from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_chunks, write_fill
@@ -339,6 +338,9 @@ def run_passes(
     """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
     one after the other: in this process, or one pass per Dask task. Chunks without features
     are encoded as the passes reach them, with a bar of their own."""
+    # torch (the tracker) only once there is tracking to do: a refusal comes first, faster
+    from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
+
     settings = stored_settings(store)
     plan = store.plan
     span = Span.of(settings, plan.num_frames)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from segpipe import log
 from segpipe.plan import ChunkPlan, Span
-from segpipe.stages.encode import FramesOnDisk, encode_chunk
 from segpipe.store.retention import drop, has, keep_setting, on_disk
 from segpipe.store.runstore import RunStore
 
@@ -47,6 +46,8 @@ class ChunkSupply:
         self.remaining = {d: set(chunks) for d, chunks in todo.items()}
         self.prompt_chunks = sorted(prompt_chunks)
         self.prompts = {d: set(prompt_chunks) if starts[d] else set() for d in todo}
+        from segpipe.stages.encode import FramesOnDisk  # torch: only once there is work
+
         self.frames_of = FramesOnDisk(store)
         self.held: dict[int, list] = {}  # chunk -> its levels as stored, encoded here
 
@@ -64,6 +65,8 @@ class ChunkSupply:
         if k in self.held or has(self.store, "features", k):
             return
         write = self.keep == "all" or k in self.prompt_chunks or self._reads(k) > 1
+        from segpipe.stages.encode import encode_chunk
+
         self.held[k] = encode_chunk(
             self.store, self.predictor, k, self.frames_of, self.batch_size, write
         )
