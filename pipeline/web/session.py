@@ -340,7 +340,9 @@ class Job:
         self._stop = threading.Lock()  # a Cancel and the end of the work, one at a time
 
     def running(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        """Whether the work is under way: until its end is recorded (its thread may still
+        be telling the tabs), a new job waits."""
+        return self.state == "running"
 
     def start(self, studio: Studio, kind: str, work) -> None:
         """Run `work(job)` (it returns the message said when it is done) in a thread."""
@@ -354,19 +356,20 @@ class Job:
         self.thread.start()
 
     def _run(self, studio: Studio, work) -> None:
+        state, message = "failed", ""
         try:
-            self.message = work(self)
-            self.state = "done"
+            message = work(self)
+            state = "done"
         except interrupt.Interrupted:
-            self.state = "cancelled"
-            self.message = f"{self.kind} cancelled: start it again to continue"
+            state, message = "cancelled", f"{self.kind} cancelled: start it again to continue"
         except SegpipeError as e:
-            self.state, self.message = "failed", e.message
+            message = e.message
         except Exception as e:  # noqa: BLE001 - said on the page, in one line
-            self.state, self.message = "failed", f"{type(e).__name__}: {e}"
+            message = f"{type(e).__name__}: {e}"
         finally:
-            with self._stop:
+            with self._stop:  # the job ends here: a Cancel from now on finds none running
                 interrupt.clear()
+                self.state, self.message = state, message
             studio.bump()
 
     def cancel(self) -> None:
