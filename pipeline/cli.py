@@ -73,6 +73,16 @@ def decode_options(f):
     return f
 
 
+RANDOM_WEIGHTS = click.option(
+    "--random-weights",
+    "random_weights",
+    type=int,
+    default=None,
+    metavar="SEED",
+    help="Seeded random weights, for tests and demos: masks mean nothing.",
+)
+
+
 def encode_options(f):
     from segpipe.model import DEFAULT_MODEL, MODELS
 
@@ -94,14 +104,7 @@ def encode_options(f):
         "on GPUs; float32 without (--embedding-dtype is only how the results are stored).",
     )(f)
     f = click.option("--batch-size", type=int, default=1, help="Frames per encoder call.")(f)
-    f = click.option(
-        "--random-weights",
-        "random_weights",
-        type=int,
-        default=None,
-        metavar="SEED",
-        help="Seeded random weights, for tests and demos: masks mean nothing.",
-    )(f)
+    f = RANDOM_WEIGHTS(f)
     f = CHECKPOINT(f)
     f = click.option(
         "--model",
@@ -120,14 +123,7 @@ def studio_model_options(f):
     yet encoded (Track encodes its chunks as it tracks them)."""
     from segpipe.model import DEFAULT_MODEL, MODELS
 
-    f = click.option(
-        "--random-weights",
-        "random_weights",
-        type=int,
-        default=None,
-        metavar="SEED",
-        help="Seeded random weights, for tests and demos: masks mean nothing.",
-    )(f)
+    f = RANDOM_WEIGHTS(f)
     f = CHECKPOINT(f)
     return click.option(
         "--model",

@@ -71,16 +71,34 @@ def to_record(prompts: list[Prompt]) -> tuple[list[dict], np.ndarray]:
     index into the returned (N, H, W) mask stack), so a store can retrack on its own."""
     entries, masks = [], []
     for p in prompts:
-        entry = {"object": p.object_id, "frame": p.frame}
-        if p.points is not None:
-            entry.update(points=[list(q) for q in p.points], labels=list(p.labels))
-        if p.box is not None:
-            entry["box"] = list(p.box)
+        entry = _entry(p)
         if p.mask is not None:
             entry["mask"] = len(masks)
             masks.append(p.mask)
         entries.append(entry)
     return entries, np.array(masks, dtype=bool)
+
+
+def to_file(prompts: list[Prompt]) -> list[dict]:
+    """The prompts as a prompts file's entries, masks inline (`mask_data_uri`): a file that
+    stands alone (what segpipe studio saves and downloads)."""
+    entries = []
+    for p in prompts:
+        entry = _entry(p)
+        if p.mask is not None:
+            entry["mask"] = mask_data_uri(p.mask)
+        entries.append(entry)
+    return entries
+
+
+def _entry(p: Prompt) -> dict:
+    """A prompt's entry as JSON takes it, but for its mask."""
+    entry = {"object": p.object_id, "frame": p.frame}
+    if p.points is not None:
+        entry.update(points=[list(q) for q in p.points], labels=list(p.labels))
+    if p.box is not None:
+        entry["box"] = list(p.box)
+    return entry
 
 
 def from_record(entries: list[dict], masks) -> list[Prompt]:

@@ -147,7 +147,7 @@ class Studio:
         """The store's prompts as entries: its draft, else the last tracked (else none)."""
         if draft_prompts(store) is None and stored_settings(store) is None:
             return []
-        return [self._entry(p) for p in next_prompts(store)]
+        return prompt_file.to_file(next_prompts(store))
 
     @staticmethod
     def _tracking_seen(store: RunStore):
@@ -167,16 +167,6 @@ class Studio:
         self.direction = (stored_settings(store) or {}).get("direction", self.direction)
         self.bump()
         return True
-
-    def _entry(self, p) -> dict:
-        entry = {"object": p.object_id, "frame": p.frame}
-        if p.points is not None:
-            entry.update(points=[list(q) for q in p.points], labels=list(p.labels))
-        if p.box is not None:
-            entry["box"] = list(p.box)
-        if p.mask is not None:
-            entry["mask"] = prompt_file.mask_data_uri(p.mask)
-        return entry
 
     def prompts(self) -> list:
         """The page's prompts as `segpipe.Prompt`s, checked as a prompts file is."""
@@ -203,7 +193,7 @@ class Studio:
         store = self.store()
         video, T = store.attrs["video"], store.attrs["frame_count"]
         loaded = prompt_file.load(entries, T, video["width"], video["height"]) if entries else []
-        entries = [self._entry(p) for p in loaded]  # id masks as one mask entry per object
+        entries = prompt_file.to_file(loaded)  # id masks as one mask entry per object
         with self._starting:  # no job starts meanwhile
             if self.job.running():
                 raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")

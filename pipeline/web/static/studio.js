@@ -114,7 +114,7 @@ async function preview(f, o) {
   const started = performance.now();
   const response = await api("preview", json({ frame: f, object: o }));
   const bitmap = await createImageBitmap(await response.blob());
-  S.previews.set(key, { mask: alphaOf(bitmap), score: Number(response.headers.get("X-Object-Score")) });
+  S.previews.set(key, { mask: pixelValues(bitmap), score: Number(response.headers.get("X-Object-Score")) });
   S.previewMs = performance.now() - started;
   draw();
   document.body.dataset.previewed = key;
@@ -196,24 +196,15 @@ async function commitPaint() {
 }
 
 // -- frames and masks -----------------------------------------------------------------------
-function alphaOf(bitmap) {
+// a PNG's pixel values: grey PNGs (previews) the R channel; the tracked masks' PNG, with
+// `wide`, R + 256 G = 1 + the object's slot (0: none)
+function pixelValues(bitmap, wide = false) {
   const c = new OffscreenCanvas(bitmap.width, bitmap.height);
   const g = c.getContext("2d");
   g.drawImage(bitmap, 0, 0);
   const rgba = g.getImageData(0, 0, bitmap.width, bitmap.height).data;
-  const out = new Uint8Array(bitmap.width * bitmap.height);
-  for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i]; // grey PNGs: R = the value
-  return out;
-}
-
-// the tracked masks' PNG: R + 256 G = 1 + the object's slot (0: none)
-function slotsOf(bitmap) {
-  const c = new OffscreenCanvas(bitmap.width, bitmap.height);
-  const g = c.getContext("2d");
-  g.drawImage(bitmap, 0, 0);
-  const rgba = g.getImageData(0, 0, bitmap.width, bitmap.height).data;
-  const out = new Uint16Array(bitmap.width * bitmap.height);
-  for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i] + 256 * rgba[4 * i + 1];
+  const out = wide ? new Uint16Array(bitmap.width * bitmap.height) : new Uint8Array(bitmap.width * bitmap.height);
+  for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i] + (wide ? 256 * rgba[4 * i + 1] : 0);
   return out;
 }
 
@@ -223,7 +214,7 @@ async function loadFrame(n) {
     api(`masks/${n}.png`).then((r) => r.blob()).then(createImageBitmap),
   ]);
   S.image = image;
-  S.tracked = slotsOf(masks);
+  S.tracked = pixelValues(masks, true);
   S.shown = n;
   draw();
   document.body.dataset.frame = n;
