@@ -48,6 +48,7 @@ def fake_tracked(store: Path, masks, period: int) -> None:
     ids = list(range(1, O + 1))
     m = s.create_array("masks", (T, O, H, W), (C, 1, H, W), "bool", fill_value=False)
     scores = s.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
+    areas = s.create_array("object_areas", (T, O), (C, O), "int64", fill_value=0)
     tracked = s.create_array("tracked", (T,), (C,), "bool", fill_value=False)
     m.attrs["object_ids"] = ids
     for k in plan:
@@ -55,6 +56,7 @@ def fake_tracked(store: Path, masks, period: int) -> None:
         chunk = masks[[t % period for t in range(lo, hi)]]
         m[lo:hi] = chunk
         scores[lo:hi] = np.where(chunk.any((2, 3)), 5.0, -5.0).astype(np.float32)
+        areas[lo:hi] = chunk.sum((2, 3))
         tracked[lo:hi] = True
         s.ledger("track_forward").mark_done(k)
     s.set_attrs(

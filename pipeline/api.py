@@ -11,13 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from segpipe import defaults
+from segpipe import defaults, log
 from segpipe.errors import BadInput
 from segpipe.estimate import Later
 from segpipe.model import DEFAULT_MODEL, resolve_weights
 from segpipe.results import Run
 from segpipe.space import SpaceGuard
 from segpipe.store.layout import export_folder  # noqa: F401 - segpipe.api.export_folder
+from segpipe.store.runstore import RunStore
 
 
 def limit_malloc_arenas() -> None:
@@ -549,9 +550,11 @@ def studio(
     Example:
         >>> segpipe.studio("clip.mp4", store="clip.zarr", model="segpipe_tiny")
     """
+    from segpipe.stages.decode import check as check_decode
     from segpipe.web.server import serve
 
     path = Path(path)
+    source = None
     if not (path / "zarr.json").is_file():
         if not path.exists():
             raise BadInput(f"{path} does not exist: give a store, a video or a frame folder")
@@ -559,15 +562,12 @@ def studio(
         if image_size is None and not (store / "zarr.json").is_file():
             weights = resolve_weights(model or DEFAULT_MODEL, checkpoint, random_weights)
             image_size = defaults.trained_image_size(weights, not progress)
-        decode(
-            path,
-            store,
-            chunk_size=chunk_size,
-            image_size=image_size,
-            stream=stream,
-            fps=fps,
-            progress=progress,
-        )
+        decoding = dict(chunk_size=chunk_size, image_size=image_size, stream=stream, fps=fps)
+        space = SpaceGuard(store, ("decode",), "decode", quiet=not progress)
+        check_decode(path, store, **decoding, space=space)  # bad input: refused here, at once
+        source = dict(decoding, video=path)  # decoded in the page, with its progress
+        if "frame_count" not in RunStore.open(store, read_only=True).attrs:
+            log.info(f"studio: {path} is decoded into {store} as the page shows", not progress)
         path = store
     serve(
         path,
@@ -576,4 +576,5 @@ def studio(
         dict(model=model, checkpoint=checkpoint, random_weights=random_weights),
         device,
         open_page,
+        source,
     )

@@ -4,7 +4,7 @@ everything kept), by group of arrays, and the free-space check that `run`, `deco
 on disk. No torch, no video decoding here except the frame sample decode asks for.
 
 Groups (the arrays each covers): `frames` (frames, pts, timestamps), `features`
-(features/*), `memory` (memory/*), `masks` (masks, object_scores, tracked, prompt_masks),
+(features/*), `memory` (memory/*), `masks` (masks, object_scores, object_areas, tracked, prompt_masks),
 `other` (ledgers and group metadata). Sizes are file bytes, as `status` reports them; the
 file system rounds every file up to its block size (a few KiB per chunk file), which is not
 counted.
@@ -319,16 +319,16 @@ def masks_part(
     basis: str | None,
 ) -> Part:
     """masks (per_frame: measured bytes per tracked frame, else raw / MASK_RATIO), object
-    scores, tracked, prompt masks."""
+    scores and areas, tracked, prompt masks."""
     chunks = ChunkPlan(T, C).num_chunks
     raw = O * H * W
     per = per_frame if per_frame is not None else raw / MASK_RATIO
     masks = per * tracked + chunks * CHUNK_OVERHEAD + ARRAY_META
     rest = (
-        T * O * 4
+        T * O * (4 + 8)
         + T
-        + 2 * chunks * CHUNK_OVERHEAD
-        + 2 * ARRAY_META
+        + 3 * chunks * CHUNK_OVERHEAD
+        + 3 * ARRAY_META
         + (masks_prompts * H * W / MASK_RATIO + ARRAY_META if masks_prompts else 0)
     )
     return Part(
@@ -598,7 +598,7 @@ def group_of(name: str) -> str:
         return "frames"
     if top in ("features", "memory"):
         return top
-    if top in ("masks", "object_scores", "tracked", "prompt_masks"):
+    if top in ("masks", "object_scores", "object_areas", "tracked", "prompt_masks"):
         return "masks"
     return "other"
 

@@ -4,6 +4,7 @@ stays readable. Progress bars are drawn on a terminal (and as widgets in Jupyter
 each stage says one plain line when it ends."""
 
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -50,10 +51,32 @@ def warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
+_watch = threading.local()  # this thread's `watching` callback
+
+
+@contextmanager
+def watching(callback):
+    """Every progress bar made in this thread meanwhile (drawn or not) also reports to
+    `callback(desc, n, total, initial)` as it moves: how segpipe studio shows a stage's
+    progress in the page."""
+    before = getattr(_watch, "callback", None)
+    _watch.callback = callback
+    try:
+        yield
+    finally:
+        _watch.callback = before
+
+
 def progress(desc: str, total: int | None, quiet: bool, initial: int = 0):
     """A progress bar of frames for a stage, used as a context manager (closed, ending its
     line, also when the stage stops with an error): tqdm's on a terminal or in Jupyter,
-    else a plain line at the end."""
+    else a plain line at the end (reporting to a `watching` callback too)."""
+    bar = _bar(desc, total, quiet, initial)
+    callback = getattr(_watch, "callback", None)
+    return bar if callback is None else _Watched(bar, callback, initial)
+
+
+def _bar(desc: str, total: int | None, quiet: bool, initial: int):
     if quiet:
         return _Plain(desc, total, initial, say=False)
     if not _drawn():
@@ -79,6 +102,33 @@ def _drawn() -> bool:
         return shell is not None and shell.get_ipython().__class__.__name__ == "ZMQInteractiveShell"
     except AttributeError:
         return False
+
+
+class _Watched:
+    """A bar that also reports its count to a `watching` callback (from whichever thread
+    moves it)."""
+
+    def __init__(self, bar, callback, initial: int):
+        self.bar, self.callback, self.initial = bar, callback, initial
+
+    def _say(self) -> None:
+        self.callback(self.bar.desc, self.bar.n, self.bar.total, self.initial)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        self._say()
+
+    def set_description(self, desc: str) -> None:
+        self.bar.set_description(desc)
+        self._say()
+
+    def __enter__(self):
+        self.bar.__enter__()
+        self._say()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
 
 
 class _Plain:

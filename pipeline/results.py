@@ -72,6 +72,13 @@ class Run:
         return self._store.read("object_scores")
 
     @property
+    def areas(self) -> np.ndarray:
+        """(frames, objects) int64: each mask's area in pixels at the video's size, 0 where
+        untracked."""
+        self._tracking()
+        return self._store.read("object_areas")
+
+    @property
     def tracked(self) -> np.ndarray:
         """(frames,) bool: the frames some tracking pass reached."""
         self._tracking()

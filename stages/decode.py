@@ -122,6 +122,23 @@ def check_store(
 
 
 @holds_store_lock
+def check(
+    video: Path,
+    store_path: Path,
+    chunk_size: int | None = None,
+    image_size: int | None = None,
+    stream: int | None = None,
+    fps: float | None = None,
+    space=None,
+) -> RunStore:
+    """decode's checks, and the store made, with nothing decoded yet: bad input is refused
+    before any work (segpipe studio checks here, then decodes in its page)."""
+    return open_or_create_store(
+        video, store_path, chunk_size, image_size, False, stream, fps, space
+    )
+
+
+@holds_store_lock
 def decode(
     video: Path,
     store_path: Path,

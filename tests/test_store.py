@@ -117,8 +117,8 @@ def test_a_store_of_schema_version_1_is_refused_in_one_line(decoded, clip_dir, t
     says how to go on, and leaves it as it is."""
     from segpipe.store.runstore import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 2
-    assert zarr.open_group(str(decoded), mode="r").attrs["schema_version"] == 2  # made today
+    assert SCHEMA_VERSION == 3
+    assert zarr.open_group(str(decoded), mode="r").attrs["schema_version"] == 3  # made today
     zarr.open_group(str(decoded), mode="r+").attrs["schema_version"] = 1
     before = tree_digest(decoded)
     for args in (
@@ -132,7 +132,7 @@ def test_a_store_of_schema_version_1_is_refused_in_one_line(decoded, clip_dir, t
         assert_user_error(
             proc,
             f"store {decoded} has schema version 1",
-            "this segpipe reads version 2",
+            "this segpipe reads version 3",
             "make a new store",
             f"a new --store, or delete {decoded}",
             "run the command again",

@@ -228,6 +228,10 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
 
     track_and_compare(page, store, before, tmp_path / "first")
     page.screenshot(path=SHOTS / "studio_tracked.png")  # the README's
+    other = open_page(browser, studio.url + "?frame=5")  # a second tab: the same state, live
+    assert other.evaluate("studio.entries") == page.evaluate("studio.entries")
+    assert tinted(other, PALETTE[1]).sum() > 20  # the tracked masks
+    runs = other.evaluate("Number(document.body.dataset.runs)")
 
     # correction: a negative point on a later frame, retracked from the stored embeddings
     with encoder_calls() as calls:
@@ -241,6 +245,12 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
         page.wait_for_selector("body[data-previewed='15:1']", timeout=20_000)
         entries = track_and_compare(page, store, before, tmp_path / "corrected")
     assert calls.count == 0
+    other.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=30_000)
+    shown = len(page.evaluate("studio.entries"))  # the mask tracked there, then the click
+    other.wait_for_function(f"studio.entries.length === {shown}", timeout=30_000)
+    assert other.evaluate("studio.entries") == page.evaluate("studio.entries")
+    assert not other.errors, other.errors
+    other.close()
     last = entries[-1]
     assert (last["object"], last["frame"], last["labels"]) == (1, 15, [0])
     assert np.allclose(last["points"], [[40.5, 30.5]], atol=0.2)  # screen to video pixels
@@ -284,26 +294,56 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
         assert sorted(tracks[f"object {obj}"]) == list(range(24))
         for t, m in tracks[f"object {obj}"].items():
             assert np.array_equal(m, run.mask(t, obj))
+    progress = json.loads(fetch(studio.url + "api/progress")[1])  # the export's bar's count
+    assert (progress["kind"], progress["done"], progress["total"]) == ("export cvat", 24, 24)
+
+    # track from here: the tracking window of `track --frames A:B`, forward and backward
+    # (the new tracking empties the CVAT export's ledger, which the CLI's copy never had)
+    skip = ("ledger/export_cvat",)
+    go_to(page, 10)
+    page.fill("#to-frame", "17")
+    track_and_compare(
+        page, store, before, tmp_path / "ahead", "#track-forward",
+        "--direction", "forward", "--frames", "10:18", skip=skip,
+    )  # fmt: skip
+    tracked = np.nonzero(api.open(store).tracked)[0]
+    assert tracked.min() == 10 and tracked.max() == 17
+    go_to(page, 14)
+    page.fill("#to-frame", "")
+    track_and_compare(
+        page, store, before, tmp_path / "back", "#track-backward",
+        "--direction", "reverse", "--frames", "0:15", skip=skip,
+    )  # fmt: skip
+    # the reverse pass starts at the earlier of frame 14 and the earliest prompt (5)
+    assert np.nonzero(api.open(store).tracked)[0].tolist() == list(range(6))
     assert not page.errors, page.errors
     page.close()
 
 
-def track_and_compare(page, store: Path, before: Path, work: Path) -> list:
-    """Download the page's prompts, press Track, wait for it; the store must then be what
-    `segpipe track --prompts <that file>` makes of `before` (a copy of it). Returns the
-    prompts."""
+def go_to(page, frame: int) -> None:
+    page.fill("#frame", str(frame))
+    page.press("#frame", "Enter")
+    page.wait_for_selector(f"body[data-frame='{frame}']")
+
+
+def track_and_compare(
+    page, store: Path, before: Path, work: Path, button="#track", *cli_args, skip=()
+):
+    """Download the page's prompts, press Track (or `button`), wait for it; the store must
+    then be what `segpipe track --prompts <that file> [cli_args]` makes of `before` (a copy
+    of it; arrays `skip` left out). Returns the prompts."""
     work.mkdir()
     with page.expect_download() as download:
         page.click("#download")
     prompts = work / "prompts.json"
     download.value.save_as(prompts)
     runs = page.evaluate("Number(document.body.dataset.runs)")
-    page.click("#track")
+    page.click(button)
     page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=120_000)
     cli = work / "cli.zarr"
     shutil.copytree(before, cli)
-    here("track", "--store", cli, "--prompts", prompts)
-    assert_same_store(store, cli)
+    here("track", "--store", cli, "--prompts", prompts, *cli_args)
+    assert_same_store(store, cli, skip=skip)
     return json.loads(prompts.read_text())["prompts"]
 
 
@@ -394,6 +434,57 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
     assert tree_digest(store) == digest
 
 
+def test_masks_come_grey_under_255_objects_and_as_rgb_from_then_on(store):
+    """A frame's masks PNG holds 1 + each pixel's object slot: grey (a third of the bytes to
+    compress) while the slots fit, R + 256 G from 255 objects on. Tracking results of 3 and
+    of 300 objects are written into the store through zarr (object k's mask: row k % 72)."""
+    import io
+
+    import zarr
+
+    from segpipe.web.server import StudioServer
+
+    T, H, W = 24, 72, 96
+    for O, kind in ((3, "grey"), (300, "rgb")):
+        group = zarr.open_group(str(store), mode="r+")
+        for name in ("masks", "object_scores", "object_areas", "tracked"):
+            if name in group:
+                del group[name]
+        masks = np.zeros((T, O, H, W), bool)
+        for o in range(O):
+            masks[:, o, o % H, : o % W + 1] = True
+        group.create_array("masks", data=masks, chunks=(4, 1, H, W))
+        group.create_array("object_scores", data=np.ones((T, O), np.float32), chunks=(4, O))
+        group.create_array("object_areas", data=masks.sum((2, 3)), chunks=(4, O))
+        group.create_array("tracked", data=np.ones(T, bool), chunks=(4,))
+        group.attrs["track"] = {
+            "prompts_sha256": "set by the test",
+            "direction": "forward",
+            "object_ids": list(range(1, O + 1)),
+            "start_frame": 0,
+            "prompts": [{"object": 1, "frame": 0, "points": [[1.0, 1.0]], "labels": [1]}],
+            "options": {
+                "postprocessing": True,
+                "non_overlap": False,
+                "score_threshold": 0.0,
+                "object_start": "earliest",
+            },
+        }
+        expected = np.zeros((H, W), int)
+        for o in range(O):
+            expected[masks[3, o]] = o + 1  # the later object's where they overlap
+        server = StudioServer(store, port=0).start()
+        try:
+            status, data, headers = fetch(server.url + "api/masks/3.png")
+        finally:
+            server.stop()
+        assert status == 200 and {k.lower(): v for k, v in headers.items()}["x-mask-format"] == kind
+        image = np.asarray(Image.open(io.BytesIO(data)))
+        shown = image if kind == "grey" else image[..., 0] + 256 * image[..., 1].astype(int)
+        assert image.ndim == (2 if kind == "grey" else 3)
+        assert np.array_equal(shown, expected) and shown.max() == O
+
+
 def test_the_api_is_described_by_its_openapi_schema(studio):
     """Every endpoint the page uses is in `GET /api/schema`, with a summary."""
     from segpipe.web.app import make_app
@@ -468,21 +559,32 @@ def test_the_pages_prompts_are_the_stores_and_outlive_the_studio(store, small, t
 
 
 def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small, tmp_path):
-    """`segpipe studio clip.mp4 --model segpipe_tiny`: the video is decoded, the preview
-    encodes its frame alone (one encoder call, nothing written), Track encodes the chunks as
-    it tracks them; the store is then `segpipe encode --model segpipe_tiny` and `segpipe
-    track` on the decoded store."""
-    import segpipe as api
+    """`segpipe studio clip.mp4 --model segpipe_tiny`: the video is decoded as the studio's
+    first job (the store is `segpipe decode`'s), the preview encodes its frame alone (one
+    encoder call, nothing written), Track encodes the chunks as it tracks them; the store is
+    then `segpipe encode --model segpipe_tiny` and `segpipe track` on the decoded store."""
     from segpipe.web.server import StudioServer
 
     store = tmp_path / "clip.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
     before = tmp_path / "before.zarr"
-    shutil.copytree(store, before)
+    here("decode", small / "clip.mp4", "--store", before, "--chunk-size", 4, "--image-size", 128)
     entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
-    server = StudioServer(store, port=0, model=dict(model="segpipe_tiny")).start()
+    source = dict(video=small / "clip.mp4", chunk_size=4, image_size=128, stream=None, fps=None)
+    server = StudioServer(store, port=0, model=dict(model="segpipe_tiny"), source=source).start()
     try:
         url = server.url
+        deadline = time.monotonic() + 60
+        while json.loads(fetch(url + "api/progress")[1])["state"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        done = json.loads(fetch(url + "api/progress")[1])
+        assert (done["kind"], done["state"], done["done"], done["total"]) == (
+            "decode",
+            "done",
+            24,
+            24,
+        )
+        assert_same_store(store, before)
         assert json.loads(fetch(url + "api/info")[1])["encoded"] is False
         assert fetch(url + "api/prompts", "PUT", {"prompts": entries})[0] == 200
         digest = {k: v for k, v in tree_digest(store).items() if k != "prompts.json"}
@@ -503,6 +605,52 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
     here("encode", "--store", before, "--model", "segpipe_tiny")
     here("track", "--store", before, "--prompts", prompts)
     assert_same_store(store, before)
+
+
+def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_path):
+    """`segpipe studio clip.mp4 --store S`: bad input is refused at once, on the terminal;
+    otherwise the URL comes at once and the page shows the decode's progress (the decode is
+    held as it writes its 3rd chunk's frames, by a test hook: frames decoded, fewer than
+    24), then opens the store, which is `segpipe decode`'s."""
+    store, flag = tmp_path / "clip.zarr", tmp_path / "go"
+    args = ["--store", store, "--chunk-size", 4, "--image-size", 128, "--port", 0]
+    refused = segpipe("studio", small / "prompts.json", *args)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("Error:") and not store.exists(), refused.stderr
+    code = f"import kill_points\nkill_points.wait_before_write('frames', 3, {str(flag)!r})\n"
+    code += f"kill_points.cli({['studio', str(small / 'clip.mp4'), *map(str, args)]!r})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("studio: http://"), proc.stderr.read()
+        page = browser.new_page()
+        page.goto(line.split()[1])
+        page.wait_for_selector("body[data-decoding='1']", timeout=30_000)
+        page.wait_for_function(
+            "/^decode: [0-9]+[/]24 frames/.test(document.getElementById('progress').textContent)",
+            timeout=30_000,
+        )
+        shown = page.inner_text("#progress")
+        assert 8 <= int(shown.split()[1].split("/")[0]) < 24, shown  # (with rate and ETA)
+        page.screenshot(path=SHOTS / "studio_decoding.png")
+        flag.touch()
+        page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+        assert page.evaluate("studio.info.frames") == 24
+        page.close()
+    finally:
+        flag.touch()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    reference = tmp_path / "reference.zarr"
+    here("decode", small / "clip.mp4", "--store", reference, "--chunk-size", 4, "--image-size", 128)
+    assert_same_store(store, reference)
 
 
 def test_beyond_loopback_every_request_needs_the_token(store):
@@ -663,9 +811,12 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
     browser, store, small, tmp_path
 ):
     """The strips draw each object where it is present (its colour), tracked but absent
-    (grey) and its prompts (white); a fall of the score below zero is marked, and ] / [
-    jump to the next / previous such frame. The scores of object 1 on frames 10..13 are set
-    below zero in the store (through zarr) to make a loss the test knows."""
+    (grey) and its prompts (white); frames where it may be lost are marked above its strip
+    (its score falls below zero: red; its area doubles or halves: orange; its mask empties
+    while its score says present: yellow), and ] / [ jump to the next / previous mark. The
+    scores and areas are set in the store (through zarr) to make losses the test knows:
+    object 1 absent on 10..13, its area 4x on frame 16 (so jumps at 16 and 17), empty on
+    frame 19; object 2 steady."""
     import zarr
 
     import segpipe
@@ -674,21 +825,28 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
     entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
     segpipe.track(store, entries, progress=False)
     with zarr.config.set({"array.write_empty_chunks": True}):
-        scores = zarr.open_group(str(store), mode="r+")["object_scores"]
-        s = scores[...]
-        s[:, 0] = np.abs(s[:, 0]) + 1.0
+        group = zarr.open_group(str(store), mode="r+")
+        s, a = group["object_scores"][...], np.full(group["object_areas"].shape, 500)
+        s = np.abs(s) + 1.0
         s[10:14, 0] = -5.0
-        scores[...] = s
+        a[10:14, 0], a[16, 0], a[19, 0] = 0, 2000, 0
+        group["object_scores"][...], group["object_areas"][...] = s, a
     server = StudioServer(store, port=0).start()
     try:
         page = open_page(browser, server.url + "?frame=2")
-        assert page.evaluate("studio.lost") == [10]
+        assert page.evaluate("studio.scores.flags") == [
+            [[10, "absent"], [16, "jump"], [17, "jump"], [19, "vanished"]],
+            [],
+        ]
+        assert page.evaluate("studio.lost") == [10, 16, 17, 19]
         page.keyboard.press("]")
         page.wait_for_selector("body[data-frame='10']")
+        page.keyboard.press("]")
+        page.wait_for_selector("body[data-frame='16']")
         page.keyboard.press("End")
         page.wait_for_selector("body[data-frame='23']")
         page.keyboard.press("[")
-        page.wait_for_selector("body[data-frame='10']")
+        page.wait_for_selector("body[data-frame='19']")
         page.keyboard.press("Home")
         page.wait_for_selector("body[data-frame='0']")
         page.keyboard.press("ArrowRight")
@@ -703,6 +861,13 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
               out.push(row); }
             return out; }"""
         )
+        marks = page.evaluate(
+            """() => { const c = document.getElementById('strips');
+            const g = c.getContext('2d'), T = studio.info.frames;
+            return [10, 16, 19, 3].map((f) => Array.from(g.getImageData(
+              Math.floor(f * c.width / T), 0, 1, 1).data.slice(0, 3))); }"""
+        )
+        assert marks == [[255, 23, 68], [255, 145, 0], [255, 234, 0], [0, 0, 0]]  # 3: none
         colour, grey, white = list(PALETTE[1]), [68, 68, 68], [255, 255, 255]
         assert strips[0][11] == grey and strips[0][12] == grey
         assert strips[0][3] == colour and strips[0][20] == colour

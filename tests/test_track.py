@@ -85,11 +85,14 @@ def oracle(stores, clip_dir, predictor):
 
 
 def assert_matches_oracle(store, oracle, direction, label=""):
-    """Masks equal and object scores bit-identical to SAM 2's, as read back from the store."""
+    """Masks equal and object scores bit-identical to SAM 2's, as read back from the store;
+    each mask's area recorded is its pixel count."""
     masks, scores = read_checked(store, "masks"), read_checked(store, "object_scores")
     assert oracle.masks[direction].any()
     assert masks.shape == oracle.masks[direction].shape, (direction, label)
     assert np.array_equal(masks, oracle.masks[direction]), (direction, label)
+    areas = read_checked(store, "object_areas")
+    assert np.array_equal(areas, masks.sum((2, 3))), (direction, label)
     assert scores.dtype == np.float32, (direction, label)
     assert same_bits(scores, oracle.scores[direction]), (direction, label)
 

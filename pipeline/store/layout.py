@@ -11,7 +11,7 @@ from segpipe.store.runstore import RunStore
 # What each stage owns in the store: resetting a stage resets every later one too.
 # (decode owns the whole store: starting it over means a new store.)
 # The tracking results, one chunk per pipeline chunk (written with the memory snapshots).
-TRACK_ARRAYS = ("masks", "object_scores", "tracked")
+TRACK_ARRAYS = ("masks", "object_scores", "object_areas", "tracked")
 
 
 STAGE_OUTPUTS = {
@@ -21,7 +21,7 @@ STAGE_OUTPUTS = {
         "attrs": ["model"],
     },
     "track": {
-        "arrays": ["masks", "object_scores", "tracked", "memory", "prompt_masks"],
+        "arrays": ["masks", "object_scores", "object_areas", "tracked", "memory", "prompt_masks"],
         "ledgers": ["track_forward", "track_reverse"],
         "attrs": ["track"],
     },

@@ -31,7 +31,9 @@ from segpipe.plan import ChunkPlan
 from segpipe.store.ledger import Ledger, pass_stage
 from segpipe.store.lock import check_lease
 
-SCHEMA_VERSION = 2  # 1 also covered earlier layouts (masks chunks, missing attrs); 2 is one layout
+SCHEMA_VERSION = (
+    3  # 1: earlier layouts (masks chunks, missing attrs); 2: one layout; 3: object_areas
+)
 FORMAT_NAME = "segpipe"
 
 

@@ -69,15 +69,19 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
 
     async def masks(request: Request):
         """
-        summary: Frame n's tracked masks, an RGB PNG at the video's size
-        description: R + 256 G = 1 + the object's slot in tracked_objects, 0 for none.
+        summary: Frame n's tracked masks, a PNG at the video's size
+        description: 'Header X-Mask-Format: grey (under 255 objects: the grey value) or rgb
+          (R + 256 G) = 1 + the object''s slot in tracked_objects, 0 for none.'
         """
-        data = await run_in_threadpool(studio.masks_png, request.path_params["n"])
-        return Response(data, media_type="image/png", headers={"Cache-Control": "no-store"})
+        data, kind = await run_in_threadpool(studio.masks_png, request.path_params["n"])
+        headers = {"Cache-Control": "no-store", "X-Mask-Format": kind}
+        return Response(data, media_type="image/png", headers=headers)
 
     async def scores(request: Request):
         """
-        summary: Every tracked object's score per frame (null where untracked).
+        summary: Every tracked object's score and mask area per frame (null where untracked)
+        description: Also the frames a pass reached and, per object, where it may be lost
+          ([frame, kind], kind absent, vanished or jump).
         """
         return JSONResponse(await run_in_threadpool(studio.scores))
 
@@ -113,13 +117,15 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
     async def track(request: Request):
         """
         summary: Track the page's prompts in the background (as segpipe track --prompts)
-        description: 'Body {"direction": "both" | "forward" | "reverse"}, or empty: the
-          store''s direction. 202, or 409 while another job runs or another process writes.'
+        description: 'Body {"direction": "both" | "forward" | "reverse", "frames": [A, B]},
+          or empty: the store''s direction, the whole video. "frames" is the tracking window
+          of segpipe track --frames A:B (frames A..B-1; B null: to the end). 202, or 409
+          while another job runs or another process writes.'
         """
         body = await _json(request, empty={})
         if not isinstance(body, dict):
-            raise BadInput('the body must be {"direction": ...} or empty')
-        await run_in_threadpool(studio.track, body.get("direction"))
+            raise BadInput('the body must be {"direction": ..., "frames": [A, B]} or empty')
+        await run_in_threadpool(studio.track, body.get("direction"), body.get("frames"))
         return JSONResponse(studio.progress(), status_code=202)
 
     async def export(request: Request):

@@ -28,15 +28,22 @@ def loopback(host: str) -> bool:
 class StudioServer:
     """The studio of `store` bound to host:port (0: a free port). A host other than
     loopback gets a token: the URL carries it, and a request without it gets 401. `model`:
-    `Studio`'s model, checkpoint and random_weights."""
+    `Studio`'s model, checkpoint and random_weights; `source`: the video a store not yet
+    decoded is decoded from (`Studio`)."""
 
     def __init__(
-        self, store, host="127.0.0.1", port=8765, model: dict | None = None, device="auto"
+        self,
+        store,
+        host="127.0.0.1",
+        port=8765,
+        model: dict | None = None,
+        device="auto",
+        source: dict | None = None,
     ):
         from segpipe.web.app import make_app
         from segpipe.web.session import Studio
 
-        self.studio = Studio(store, **(model or {}), device=device)
+        self.studio = Studio(store, **(model or {}), device=device, source=source)
         self.token = None if loopback(host) else secrets.token_urlsafe(16)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -106,8 +113,10 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(store, host="127.0.0.1", port=8765, model=None, device="auto", open_page=False):
-    server = StudioServer(store, host, port, model, device)
+def serve(
+    store, host="127.0.0.1", port=8765, model=None, device="auto", open_page=False, source=None
+):
+    server = StudioServer(store, host, port, model, device, source)
     log.result(f"studio: {server.url}")
     if server.studio.read_only:
         log.warn(server.studio.read_only)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from segpipe import interrupt
+from segpipe import interrupt, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import (
     BadInput,
@@ -33,7 +33,9 @@ DIRECTIONS = ("both", "forward", "reverse")
 
 class Studio:
     """One store's studio. `read_only`: another process writes the store (or was asked):
-    the page can look but not change prompts or track."""
+    the page can look but not change prompts or track. `source` (decode's `video` and its
+    options): a store not fully decoded yet is decoded from it, as the studio's first job,
+    its progress in the page; meanwhile the store's frames and masks are not there yet."""
 
     def __init__(
         self,
@@ -42,26 +44,46 @@ class Studio:
         checkpoint: str | None = None,
         random_weights: int | None = None,
         device: str = "auto",
+        source: dict | None = None,
     ):
         from segpipe.model import DEFAULT_MODEL
 
-        store = RunStore.open(store, read_only=True)
-        if store.attrs.get("frame_count") is None:
-            raise StoreNotReady(f"store {store.path} is not fully decoded yet (run decode)")
-        self.path, self.checkpoint, self.device = store.path, checkpoint, device
+        self.path, self.checkpoint, self.device = Path(store).resolve(), checkpoint, device
         # the model a store not yet encoded is encoded with (as `encode` takes it)
         self.model = dict(
             model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
         )
         self._previewer = None  # made on the first preview or Track: torch loads then
-        self.entries, self.seen = self._stored_entries(store), self._tracking_seen(store)
-        self.direction = (stored_settings(store) or {}).get("direction", "both")
+        self.entries, self.seen, self.direction = [], None, "both"
         self.version = 0  # bumped on every change a tab should see
         self.changed = threading.Condition()
         self.job = Job()
         self._starting = threading.Lock()  # a job's check and start are one step
         self._frames = FrameSource(self.path)
         self._masks = ChunkMasks()
+        self.decoding = not _decoded(self.path)
+        if not self.decoding:
+            self._opened()
+        elif source is None:
+            raise StoreNotReady(f"store {self.path} is not fully decoded yet (run decode)")
+        else:
+            self.job.start(self, "decode", lambda job: self._decode(job, source))
+
+    def _opened(self) -> None:
+        """Take the decoded store's prompts and direction."""
+        store = self.store()
+        self.entries, self.seen = self._stored_entries(store), self._tracking_seen(store)
+        self.direction = (stored_settings(store) or {}).get("direction", "both")
+
+    def _decode(self, job: "Job", source: dict) -> str:
+        from segpipe.stages.decode import decode
+
+        source = dict(source)
+        with log.watching(job.watch):
+            decode(source.pop("video"), self.path, quiet=True, **source)
+        self.decoding = False
+        self._opened()
+        return "decoded"
 
     @property
     def previewer(self):
@@ -73,6 +95,8 @@ class Studio:
 
     # -- the video ---------------------------------------------------------------------------
     def store(self) -> RunStore:
+        if self.decoding:
+            raise StoreNotReady(f"store {self.path.name} is being decoded: wait for it")
         return RunStore.open(self.path, read_only=True)
 
     @property
@@ -84,6 +108,8 @@ class Studio:
         return f"store {self.path} is being written by {_who(writer)}: the studio is read-only"
 
     def info(self) -> dict:
+        if self.decoding:  # the page shows the decode's progress, then opens the store
+            return {"store": self.path.name, "decoding": True, "read_only": self.read_only}
         self.sync()
         store = self.store()
         video = store.attrs["video"]
@@ -110,36 +136,50 @@ class Studio:
     def frame_jpeg(self, n: int) -> bytes:
         return self._frames.jpeg(self.frame_number(n))
 
-    def masks_png(self, n: int) -> bytes:
-        """Frame n's masks as an RGB PNG at the video's size: R + 256 G = 1 + the object's
-        slot in `tracked_objects` (0: none; where masks overlap, the later object's)."""
+    def masks_png(self, n: int) -> tuple[bytes, str]:
+        """Frame n's masks as a PNG at the video's size, and its format: "grey" (value = 1
+        + the object's slot in `tracked_objects`, 0: none; where masks overlap, the later
+        object's) while there are fewer than 255 objects, else "rgb" (R + 256 G = that)."""
         n = self.frame_number(n)
         store = self.store()
         video = store.attrs["video"]
-        value = np.zeros((video["height"], video["width"]), np.int32)
+        masks = []
         if stored_settings(store) is not None and store.array("masks") is not None:
-            for slot, m in enumerate(self._masks.frame(store, n)):
-                value[m] = slot + 1
+            masks = self._masks.frame(store, n)
+        grey = store.array("masks") is None or store.array("masks").shape[1] < 255
+        value = np.zeros((video["height"], video["width"]), np.uint8 if grey else np.int32)
+        for slot, m in enumerate(masks):
+            value[m] = slot + 1
+        if grey:  # a third of the bytes to compress: most of a request's time at 1080p
+            return png(value), "grey"
         rgb = np.zeros((*value.shape, 3), np.uint8)
         rgb[..., 0], rgb[..., 1] = value & 255, value >> 8
-        return png(rgb)
+        return png(rgb), "rgb"
 
     def scores(self) -> dict:
-        """Per tracked object its score on every frame (None where untracked), and the frames
-        a pass reached: what the timeline strips draw."""
+        """Per tracked object its score and mask area on every frame (None where untracked),
+        the frames a pass reached, and where each object is lost (`lost_flags`): what the
+        timeline strips draw."""
         store = self.store()
         settings = stored_settings(store)
         if settings is None or store.array("object_scores") is None:
-            return {"objects": [], "scores": [], "tracked": []}
+            return {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
         scores = _written(store, "object_scores", np.nan)
+        areas = _written(store, "object_areas", 0)
         tracked = _written(store, "tracked", False)
+        untracked = np.isnan(scores)
         return {
             "objects": list(settings["object_ids"]),
             "scores": [
                 [None if np.isnan(s) else round(float(s), 3) for s in scores[:, o]]
                 for o in range(scores.shape[1])
             ],
+            "areas": [
+                [None if u else int(a) for a, u in zip(areas[:, o], untracked[:, o])]
+                for o in range(areas.shape[1])
+            ],
             "tracked": [bool(t) for t in tracked],
+            "flags": lost_flags(scores, areas, store.attrs["video"]),
         }
 
     # -- prompts -----------------------------------------------------------------------------
@@ -159,6 +199,8 @@ class Studio:
     def sync(self) -> bool:
         """Take the store's prompts again where another process changed them (a `segpipe
         track` with new prompts while the studio was open); whether it did."""
+        if self.decoding:
+            return False
         store = self.store()
         seen = self._tracking_seen(store)
         if seen == self.seen or self.job.running():
@@ -219,10 +261,20 @@ class Studio:
         return png(mask.astype(np.uint8) * 255), score
 
     # -- tracking ----------------------------------------------------------------------------
-    def track(self, direction: str | None = None) -> None:
+    def track(self, direction: str | None = None, frames=None) -> None:
         """Start tracking the page's prompts in the background (as `segpipe track
-        --prompts FILE --direction D` on the store)."""
+        --prompts FILE --direction D --frames A:B` on the store): `frames` [A, B] (B None:
+        to the end) is the tracking window, None the whole video."""
         self._writable()
+        frames = [0, None] if frames is None else frames
+        number = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        if not (
+            isinstance(frames, list)
+            and len(frames) == 2
+            and number(frames[0])
+            and (frames[1] is None or number(frames[1]))
+        ):
+            raise BadInput(f"frames must be [A, B] (B null: to the end), not {frames!r}")
         if self.sync():
             raise StoreMismatch(
                 "another process tracked the store with other prompts: the page shows "
@@ -232,12 +284,19 @@ class Studio:
         if direction not in DIRECTIONS:
             raise BadInput(f"direction must be one of {', '.join(DIRECTIONS)}")
         prompts = self.prompts()
+        if not prompts:
+            raise BadInput("no prompts to track: click on the frame first")
+        from segpipe.stages.track.stage import check_window
+        from segpipe.store.tracking import pick_options
+
+        store = self.store()
+        check_window(store, tuple(frames), prompts, direction, pick_options(store, direction))
         with self._starting:
             self._free()
             self.direction = direction
-            self.job.start(self, "track", lambda job: self._track(job, prompts, direction))
+            self.job.start(self, "track", lambda job: self._track(job, prompts, direction, frames))
 
-    def _track(self, job: "Job", prompts: list, direction: str) -> str:
+    def _track(self, job: "Job", prompts: list, direction: str, frames) -> str:
         from segpipe.stages.encode import encode
         from segpipe.stages.track.stage import track
 
@@ -266,6 +325,7 @@ class Studio:
                 quiet=True,
                 predictor=predictor if same else None,
                 on_commit=committed,
+                frames=tuple(frames),
             )
         finally:  # the store's prompts are these now, by this studio's doing
             self.seen = self._tracking_seen(self.store())
@@ -287,7 +347,8 @@ class Studio:
         def work(job: Job) -> str:
             from segpipe.stages.export.stage import export
 
-            export(self.path, fmt, out, quiet=True)
+            with log.watching(job.watch):  # its progress bar, in the page
+                export(self.path, fmt, out, quiet=True)
             return f"exported {fmt} to {out}"
 
         with self._starting:
@@ -319,11 +380,13 @@ class Studio:
 
 class Job:
     """The studio's background work (a tracking or an export), one at a time: its state,
-    message and, for a tracking, frames done of frames to do."""
+    message and its frames done of frames to do (a tracking's over its passes; otherwise
+    its stage's progress bar's, through `watch`)."""
 
     def __init__(self):
         self.kind, self.state, self.message = "", "idle", ""
-        self.done = self.total = self.new = 0  # frames tracked, to track, tracked by this job
+        self.done = self.total = self.new = 0  # frames done, to do, done by this job
+        self.studio = None
         self.runs = 0  # jobs started
         self.began = None
         self.thread = None
@@ -339,7 +402,7 @@ class Job:
         self.kind, self.state, self.message = kind, "running", ""
         self.done = self.total = self.new = 0
         self.runs += 1
-        self.began = time.monotonic()
+        self.began, self.studio = time.monotonic(), studio
         with self._stop:
             interrupt.clear()  # no Cancel of an earlier job stops this one
         self.thread = threading.Thread(target=self._run, args=(studio, work), daemon=True)
@@ -361,6 +424,11 @@ class Job:
                 interrupt.clear()
                 self.state, self.message = state, message
             studio.bump()
+
+    def watch(self, desc: str, n: int, total: int | None, initial: int) -> None:
+        """A `log.watching` callback: the stage's bar moved (the tabs are told)."""
+        self.done, self.total, self.new = n, total or 0, n - initial
+        self.studio.bump()
 
     def cancel(self) -> None:
         """As one Ctrl-C: the work stops after its next commit (every stage checks then)."""
@@ -472,6 +540,42 @@ class FrameSource:
         video = store.attrs["video"]
         frame = store.read("frames", n, n + 1)[0]
         return Image.fromarray(frame).resize((video["width"], video["height"]))
+
+
+JUMP_RATIO = 2.0  # an area that doubles or halves from one frame to the next
+JUMP_MIN = 0.001  # ... by at least this share of the frame (a few pixels' flicker is none)
+
+
+def lost_flags(scores: np.ndarray, areas: np.ndarray, video: dict) -> list[list]:
+    """Per object slot, the frames where tracking may have been lost, as [frame, kind]:
+    "absent" where its score falls to zero or below (SAM 2 then draws no mask), "vanished"
+    where its mask empties while the score still says present, "jump" where its area
+    doubles or halves (by at least `JUMP_MIN` of the frame). Each compares a frame with the
+    one before, both tracked."""
+    least = JUMP_MIN * video["width"] * video["height"]
+    out = []
+    for o in range(scores.shape[1]):
+        s, a = scores[:, o], areas[:, o].astype(np.float64)
+        flags = []
+        for f in range(1, len(s)):
+            if np.isnan(s[f]) or np.isnan(s[f - 1]):
+                continue
+            if s[f] <= 0 < s[f - 1]:
+                flags.append([f, "absent"])
+            elif s[f] > 0 and a[f] == 0 < a[f - 1]:
+                flags.append([f, "vanished"])
+            elif (
+                min(a[f], a[f - 1]) > 0
+                and max(a[f], a[f - 1]) >= JUMP_RATIO * min(a[f], a[f - 1])
+                and abs(a[f] - a[f - 1]) >= least
+            ):
+                flags.append([f, "jump"])
+        out.append(flags)
+    return out
+
+
+def _decoded(path: Path) -> bool:
+    return RunStore.exists(path) and "frame_count" in RunStore.open(path, read_only=True).attrs
 
 
 def _written(store: RunStore, name: str, missing) -> np.ndarray:

@@ -93,6 +93,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
         attributes={"object_ids": settings["object_ids"]},
     )
     store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
+    store.create_array("object_areas", (T, O), (C, O), "int64", fill_value=0)
     store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
     if len(masks):
         store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[
@@ -112,10 +113,12 @@ def write_untracked(store: RunStore, chunks) -> None:
     ledger: they are written before the tracking settings are recorded (`prepare`)."""
     plan = store.plan
     scores, tracked = store.array("object_scores"), store.array("tracked")
+    areas = store.array("object_areas")
     for k in chunks:
         lo, hi = plan.bounds(k)
         write_fill(store, lo, hi)  # one zarr chunk (object) at a time
         scores[lo:hi] = np.nan
+        areas[lo:hi] = 0
         tracked[lo:hi] = False
         store.sync_chunk(TRACK_ARRAYS, k)
 
@@ -174,7 +177,7 @@ def track(
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     _check_predictor(predictor, options)
-    window = _window(store, frames, prompts, direction, options)
+    window = check_window(store, frames, prompts, direction, options)
     settings = tracking_settings(prompts, direction, options, window)
     again = force or stored_settings(store) != settings  # then every chunk is tracked anew
     pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space)
@@ -213,7 +216,7 @@ def _track_inputs(store: RunStore, prompts, direction: str | None, draft: bool =
     return direction, plan, spec, prompts
 
 
-def _window(store: RunStore, frames, prompts: list, direction: str, options: dict):
+def check_window(store: RunStore, frames, prompts: list, direction: str, options: dict):
     """The tracking window [lo, hi) asked for (None: the store's), checked against the video
     and the passes; None when it is the whole video."""
     T = store.attrs["frame_count"]

@@ -282,7 +282,7 @@ class Tracker:
         host_masks = torch.zeros(
             (hi - lo, O, packed_size(self.height, self.width)), dtype=torch.uint8, pin_memory=cuda
         )
-        frame_scores = {}
+        frame_scores, frame_areas = {}, {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
             scores = []
@@ -312,19 +312,23 @@ class Tracker:
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
                 scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
+            areas = []
             for o, video_res in self.video_res(state, logits):
-                masks = pack_bits(video_res[:, 0] > self.threshold)
-                host_masks[f - lo, o : o + len(masks)].copy_(masks, non_blocking=cuda)
+                above = video_res[:, 0] > self.threshold
+                areas.append(above.sum((1, 2)))  # on the device, like the scores
+                host_masks[f - lo, o : o + len(above)].copy_(pack_bits(above), non_blocking=cuda)
             frame_scores[f] = torch.cat(scores).float()
+            frame_areas[f] = torch.cat(areas)
             mine[f - lo] = owned(f)
             memory.next_frame = f + memory.step
             self.reach.prune(memory)
             self.sync_state(state, memory)
             bar.update(1)
         scores = chunk_scores(frame_scores, frames, lo, hi, O)
+        areas = chunk_areas(frame_areas, frames, lo, hi, O)
         if cuda:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
-        self.write(k, lo, host_masks.numpy(), scores, mine, memory)
+        self.write(k, lo, host_masks.numpy(), scores, areas, mine, memory)
 
     def load_features(self, k: int, lo: int, hi: int) -> None:
         """Load chunk k's features; read the next chunk's ahead if they are ready."""
@@ -362,14 +366,16 @@ class Tracker:
         video_res = torch.cat(list(rows), dim=0)
         yield 0, self.predictor._apply_non_overlapping_constraints(video_res)
 
-    def write(self, k, lo, packed, scores, mine, memory) -> None:
+    def write(self, k, lo, packed, scores, areas, mine, memory) -> None:
         """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
-        object, at a time) and its memory snapshot, then commit it."""
+        object, at a time; scores; areas, each mask's pixel count) and its memory snapshot,
+        then commit it."""
         idx = np.nonzero(mine)[0]
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
             write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1])
             self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
+            self.store.array("object_areas")[a:b] = areas[idx[0] : idx[-1] + 1]
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
@@ -384,6 +390,15 @@ def chunk_scores(frame_scores: dict, frames: list[int], lo: int, hi: int, O: int
             torch.stack([frame_scores[f] for f in frames]).cpu().numpy()
         )
     return scores
+
+
+def chunk_areas(frame_areas: dict, frames: list[int], lo: int, hi: int, O: int) -> np.ndarray:
+    """The chunk's (hi - lo, O) mask areas (pixels) on the host: 0 on the frames the pass
+    skips."""
+    areas = np.zeros((hi - lo, O), np.int64)
+    if frames:
+        areas[[f - lo for f in frames]] = torch.stack([frame_areas[f] for f in frames]).cpu()
+    return areas
 
 
 def pack_bits(masks: torch.Tensor) -> torch.Tensor:

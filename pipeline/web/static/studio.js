@@ -8,7 +8,7 @@ const colour = (id) => PALETTE[(((id - 1) % PALETTE.length) + PALETTE.length) % 
 
 const S = {
   info: null, frame: 0, selected: 1, extra: [], entries: [], history: [],
-  scores: { objects: [], scores: [], tracked: [] }, lost: [],
+  scores: { objects: [], scores: [], areas: [], tracked: [], flags: [] }, lost: [],
   image: null, tracked: null, previews: new Map(), playing: false, version: -1,
   drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(),
 };
@@ -209,12 +209,13 @@ function pixelValues(bitmap, wide = false) {
 }
 
 async function loadFrame(n) {
-  const [image, masks] = await Promise.all([
+  const [image, [masks, wide]] = await Promise.all([
     api(`frames/${n}.jpg`).then((r) => r.blob()).then(createImageBitmap),
-    api(`masks/${n}.png`).then((r) => r.blob()).then(createImageBitmap),
+    api(`masks/${n}.png`).then(async (r) => [
+      await createImageBitmap(await r.blob()), r.headers.get("X-Mask-Format") === "rgb"]),
   ]);
   S.image = image;
-  S.tracked = pixelValues(masks, true);
+  S.tracked = pixelValues(masks, wide);
   S.shown = n;
   draw();
   document.body.dataset.frame = n;
@@ -301,19 +302,18 @@ function tint(px, i, rgb, a) {
 }
 
 // -- the timeline's strips: where each object is tracked and present, its prompts, and where
-// it is lost (its score falls below zero after being above) ----------------------------------
+// it may be lost (the server's flags: its score falls below zero, its area jumps, its mask
+// vanishes) -----------------------------------------------------------------------------------
 function scoreAt(id, f) {
   const slot = S.scores.objects.indexOf(id);
   return slot < 0 ? null : S.scores.scores[slot][f];
 }
 
+const FLAG_COLOURS = { absent: "#ff1744", jump: "#ff9100", vanished: "#ffea00" };
+
 function findLost() {
   const lost = new Set();
-  S.scores.scores.forEach((row) => {
-    for (let f = 1; f < row.length; f++) {
-      if (row[f] !== null && row[f - 1] !== null && (row[f] > 0) !== (row[f - 1] > 0) && row[f] <= 0) lost.add(f);
-    }
-  });
+  S.scores.flags.forEach((flags) => flags.forEach(([f]) => lost.add(f)));
   S.lost = [...lost].sort((a, b) => a - b);
 }
 
@@ -344,9 +344,13 @@ function drawStrips() {
     }
     g.fillStyle = "#fff";
     for (const e of S.entries) if (e.object === id) g.fillRect(x(e.frame), r * ROW, Math.max(2, w), ROW);
+    if (slot >= 0) {
+      for (const [f, kind] of S.scores.flags[slot]) {
+        g.fillStyle = FLAG_COLOURS[kind];
+        g.fillRect(x(f), r * ROW, Math.max(2, w), 2);
+      }
+    }
   });
-  g.fillStyle = "#ff1744";
-  for (const f of S.lost) g.fillRect(x(f), 0, Math.max(2, w), 3);
   g.fillStyle = "rgba(255,255,255,0.6)";
   g.fillRect(x(S.frame), 0, 1, canvas.height);
 }
@@ -369,11 +373,11 @@ async function refresh() {
 
 function showProgress(p) {
   const tracking = p.kind === "track";
+  const rate = p.rate ? `, ${p.rate} frames/s, ${p.eta ?? "?"} s left` : "";
   const text = {
     idle: "",
-    running: tracking
-      ? `tracking ${p.done}/${p.total} frames` + (p.rate ? `, ${p.rate} frames/s, ${p.eta ?? "?"} s left` : "")
-      : `${p.kind}...`,
+    running: p.total ? `${tracking ? "tracking" : p.kind}: ${p.done}/${p.total} frames${rate}`
+      : p.done ? `${p.kind}: ${p.done} frames` : `${p.kind}...`,
     done: p.message || (tracking ? `tracked ${p.total} frames` : "done"),
     cancelled: p.message,
     failed: `failed: ${p.message}`,
@@ -444,6 +448,8 @@ function wire() {
   $("delete-object").onclick = () => guarded(deleteObject);
   $("undo").onclick = () => guarded(undo);
   $("track").onclick = () => guarded(track);
+  $("track-forward").onclick = () => guarded(() => trackFromHere(true));
+  $("track-backward").onclick = () => guarded(() => trackFromHere(false));
   $("cancel").onclick = () => guarded(() => api("cancel", json({})));
   $("export").onclick = () => guarded(() => api("export", json({ format: $("export-format").value })));
   $("opacity").oninput = draw;
@@ -493,6 +499,14 @@ async function track() {
   await api("track", json({ direction: $("direction").value }));
 }
 
+// "track from here": the tracking window of `segpipe track --frames A:B`, forward from this
+// frame to the frame in the box (empty: the end), or backward to it (empty: frame 0)
+async function trackFromHere(forward) {
+  const to = $("to-frame").value === "" ? null : Number($("to-frame").value);
+  const frames = forward ? [S.frame, to === null ? null : to + 1] : [to ?? 0, S.frame + 1];
+  await api("track", json({ direction: forward ? "forward" : "reverse", frames }));
+}
+
 async function togglePlay() {
   S.playing = !S.playing;
   $("play").innerHTML = S.playing ? "&#10074;&#10074;" : "&#9654;";
@@ -514,8 +528,26 @@ function fit() {
   c.style.height = `${Math.floor(S.info.height * scale)}px`;
 }
 
+// a store being decoded (segpipe studio clip.mp4): the decode's progress, then the store
+async function decoded() {
+  $("store").textContent = S.info.store;
+  document.body.dataset.decoding = "1";
+  await new Promise((resolve) => {
+    const events = new EventSource("api/events");
+    events.onmessage = (m) => {
+      const p = JSON.parse(m.data);
+      showProgress(p);
+      if (p.state === "failed") say(p.message);
+      if (p.state === "done") { events.close(); resolve(); }
+    };
+  });
+  document.body.dataset.decoding = "0";
+  S.info = await (await api("info")).json();
+}
+
 async function main() {
   S.info = await (await api("info")).json();
+  if (S.info.decoding) await decoded();
   $("store").textContent = S.info.store + (S.info.read_only ? " (read-only)" : "");
   if (S.info.read_only) say(S.info.read_only);
   const canvas = $("view");
