@@ -130,6 +130,9 @@ class _Watched:
     def __exit__(self, *exc):
         return self.bar.__exit__(*exc)
 
+    def __getattr__(self, name):  # the rest of the bar's interface, as it is
+        return getattr(self.bar, name)
+
 
 class _Plain:
     """A progress bar's interface that draws nothing: `say` prints one line at the end (the

@@ -60,6 +60,7 @@ def test_run_through_the_api_matches_sam2(api_run, clip_dir):
     assert expected.masks["both"].any()
     assert np.array_equal(api_run.masks(), expected.masks["both"])
     assert same_bits(api_run.scores, expected.scores["both"])
+    assert np.array_equal(api_run.areas, expected.masks["both"].sum((2, 3)))
     # the objects are the file's prompts: the same identity as loading the file
     T, (W, H) = api_run.frame_count, api_run.size
     stored = zarr.open_group(str(api_run.path), mode="r").attrs["track"]["prompts_sha256"]

@@ -308,14 +308,17 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     )  # fmt: skip
     tracked = np.nonzero(api.open(store).tracked)[0]
     assert tracked.min() == 10 and tracked.max() == 17
-    go_to(page, 14)
-    page.fill("#to-frame", "")
+    # a pass starts where SAM 2's would (forward: the later of the frame and the earliest
+    # prompt, 5; backward: the earlier): a button is offered where its pass starts here
+    assert page.is_disabled("#track-backward") and not page.is_disabled("#track-forward")
+    go_to(page, 4)
+    assert page.is_disabled("#track-forward") and not page.is_disabled("#track-backward")
+    page.fill("#to-frame", "1")
     track_and_compare(
         page, store, before, tmp_path / "back", "#track-backward",
-        "--direction", "reverse", "--frames", "0:15", skip=skip,
+        "--direction", "reverse", "--frames", "1:5", skip=skip,
     )  # fmt: skip
-    # the reverse pass starts at the earlier of frame 14 and the earliest prompt (5)
-    assert np.nonzero(api.open(store).tracked)[0].tolist() == list(range(6))
+    assert np.nonzero(api.open(store).tracked)[0].tolist() == [1, 2, 3, 4]
     assert not page.errors, page.errors
     page.close()
 
@@ -408,6 +411,11 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
             "mask",
         ),
         ("POST", "api/track", {"direction": "sideways"}, 400, "direction"),
+        ("POST", "api/track", {"frames": [5, 2]}, 400, "holds no frame"),
+        ("POST", "api/track", {"frames": "10:18"}, 400, "frames must be [a, b]"),
+        ("POST", "api/track", {"frames": [True, 3]}, 400, "frames must be [a, b]"),
+        ("POST", "api/track", {"frames": [-1, None]}, 400, "outside the video's frames"),
+        ("POST", "api/track", {"frames": [0, 4], "direction": "forward"}, 400, "no forward pass"),
         ("POST", "api/track", b"{}", 400, "content-type"),  # as another site's form sends
         ("POST", "api/cancel", b"", 400, "content-type"),
         ("PUT", "api/prompts", b"{nope", 400, "malformed json"),
@@ -611,7 +619,9 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
     """`segpipe studio clip.mp4 --store S`: bad input is refused at once, on the terminal;
     otherwise the URL comes at once and the page shows the decode's progress (the decode is
     held as it writes its 3rd chunk's frames, by a test hook: frames decoded, fewer than
-    24), then opens the store, which is `segpipe decode`'s."""
+    24). Cancel there stops it after that chunk, as one Ctrl-C, and the page says so; a
+    reload decodes on from there, then the page opens the store, which is `segpipe
+    decode`'s."""
     store, flag = tmp_path / "clip.zarr", tmp_path / "go"
     args = ["--store", store, "--chunk-size", 4, "--image-size", 128, "--port", 0]
     refused = segpipe("studio", small / "prompts.json", *args)
@@ -640,7 +650,14 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
         shown = page.inner_text("#progress")
         assert 8 <= int(shown.split()[1].split("/")[0]) < 24, shown  # (with rate and ETA)
         page.screenshot(path=SHOTS / "studio_decoding.png")
+        url = line.split()[1]
+        assert fetch(url + "api/prompts")[0] == 409  # no store to read yet
+        assert fetch(url + "api/cancel", "POST", {})[0] == 200
         flag.touch()
+        page.wait_for_selector("body[data-decoding='cancelled']", timeout=30_000)
+        assert "decode cancelled" in page.inner_text("#error")
+        assert 3 <= ledger_count(store, "decode") < 6  # the chunk in flight committed, no more
+        page.reload()  # decodes on
         page.wait_for_selector("body[data-ready='1']", timeout=30_000)
         assert page.evaluate("studio.info.frames") == 24
         page.close()

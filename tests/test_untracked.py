@@ -52,7 +52,7 @@ def chunk_file(store, name, k, obj=0):
 )
 def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction, untracked):
     store = shutil.copytree(tracked[direction], tmp_path / "s.zarr")  # exports change a store
-    for name in ("masks", "object_scores", "tracked"):
+    for name in ("masks", "object_scores", "object_areas", "tracked"):
         for k in range(10):
             for obj in range(3 if name == "masks" else 1):  # masks: a file per object
                 assert chunk_file(store, name, k, obj).is_file(), (name, k, obj)
@@ -60,6 +60,7 @@ def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction
     tracked_frames = reader.read("tracked")
     assert not tracked_frames[list(untracked)].any() and tracked_frames[START]
     assert np.isnan(reader.read("object_scores")[list(untracked)]).all()
+    assert not reader.read("object_areas")[list(untracked)].any()
 
     out = tmp_path / "davis"
     segpipe("export", "--store", store, "--format", "davis", "--out", out, check=True)

@@ -61,28 +61,35 @@ class Studio:
         self._starting = threading.Lock()  # a job's check and start are one step
         self._frames = FrameSource(self.path)
         self._masks = ChunkMasks()
+        self.source = source
         self.decoding = not _decoded(self.path)
         if not self.decoding:
             self._opened()
         elif source is None:
             raise StoreNotReady(f"store {self.path} is not fully decoded yet (run decode)")
-        else:
-            self.job.start(self, "decode", lambda job: self._decode(job, source))
+
+    def begin(self) -> None:
+        """Start decoding a store not fully decoded yet (once the server answers): the
+        studio's first job. A decode that failed or was cancelled starts again (resuming)
+        when a page opens."""
+        with self._starting:
+            if self.decoding and not self.job.running():
+                self.job.start(self, "decode", self._decode)
 
     def _opened(self) -> None:
         """Take the decoded store's prompts and direction."""
-        store = self.store()
+        store = RunStore.open(self.path, read_only=True)
         self.entries, self.seen = self._stored_entries(store), self._tracking_seen(store)
         self.direction = (stored_settings(store) or {}).get("direction", "both")
 
-    def _decode(self, job: "Job", source: dict) -> str:
+    def _decode(self, job: "Job") -> str:
         from segpipe.stages.decode import decode
 
-        source = dict(source)
+        source = dict(self.source)
         with log.watching(job.watch):
             decode(source.pop("video"), self.path, quiet=True, **source)
+        self._opened()  # then the store is there for every request
         self.decoding = False
-        self._opened()
         return "decoded"
 
     @property
@@ -109,6 +116,7 @@ class Studio:
 
     def info(self) -> dict:
         if self.decoding:  # the page shows the decode's progress, then opens the store
+            self.begin()  # again, after a failure or a Cancel: a page reload retries
             return {"store": self.path.name, "decoding": True, "read_only": self.read_only}
         self.sync()
         store = self.store()
@@ -164,7 +172,7 @@ class Studio:
         settings = stored_settings(store)
         if settings is None or store.array("object_scores") is None:
             return {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
-        scores = _written(store, "object_scores", np.nan)
+        scores = _written(store, "object_scores", np.nan)  # then areas: see `Tracker.write`
         areas = _written(store, "object_areas", 0)
         tracked = _written(store, "tracked", False)
         untracked = np.isnan(scores)
@@ -247,6 +255,7 @@ class Studio:
 
     def prompts_file(self) -> dict:
         """The page's prompts as a prompts file (masks inline)."""
+        self.store()  # none while the store is being decoded
         self.sync()
         return {"prompts": self.entries}
 
@@ -264,11 +273,11 @@ class Studio:
     def track(self, direction: str | None = None, frames=None) -> None:
         """Start tracking the page's prompts in the background (as `segpipe track
         --prompts FILE --direction D --frames A:B` on the store): `frames` [A, B] (B None:
-        to the end) is the tracking window, None the whole video."""
+        to the end) is the tracking window, [0, None] the whole video, None the store's (as
+        the command without --frames)."""
         self._writable()
-        frames = [0, None] if frames is None else frames
         number = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        if not (
+        if frames is not None and not (
             isinstance(frames, list)
             and len(frames) == 2
             and number(frames[0])
@@ -284,13 +293,13 @@ class Studio:
         if direction not in DIRECTIONS:
             raise BadInput(f"direction must be one of {', '.join(DIRECTIONS)}")
         prompts = self.prompts()
-        if not prompts:
-            raise BadInput("no prompts to track: click on the frame first")
         from segpipe.stages.track.stage import check_window
         from segpipe.store.tracking import pick_options
 
         store = self.store()
-        check_window(store, tuple(frames), prompts, direction, pick_options(store, direction))
+        if frames is not None:
+            frames = tuple(frames)
+            check_window(store, frames, prompts, direction, pick_options(store, direction))
         with self._starting:
             self._free()
             self.direction = direction
@@ -325,7 +334,7 @@ class Studio:
                 quiet=True,
                 predictor=predictor if same else None,
                 on_commit=committed,
-                frames=tuple(frames),
+                frames=frames,
             )
         finally:  # the store's prompts are these now, by this studio's doing
             self.seen = self._tracking_seen(self.store())
@@ -386,7 +395,6 @@ class Job:
     def __init__(self):
         self.kind, self.state, self.message = "", "idle", ""
         self.done = self.total = self.new = 0  # frames done, to do, done by this job
-        self.studio = None
         self.runs = 0  # jobs started
         self.began = None
         self.thread = None
@@ -402,7 +410,7 @@ class Job:
         self.kind, self.state, self.message = kind, "running", ""
         self.done = self.total = self.new = 0
         self.runs += 1
-        self.began, self.studio = time.monotonic(), studio
+        self.began = time.monotonic()
         with self._stop:
             interrupt.clear()  # no Cancel of an earlier job stops this one
         self.thread = threading.Thread(target=self._run, args=(studio, work), daemon=True)
@@ -426,9 +434,9 @@ class Job:
             studio.bump()
 
     def watch(self, desc: str, n: int, total: int | None, initial: int) -> None:
-        """A `log.watching` callback: the stage's bar moved (the tabs are told)."""
+        """A `log.watching` callback: the stage's bar moved (the events stream, which polls
+        the progress, tells the tabs; nothing of the store changed for them to reload)."""
         self.done, self.total, self.new = n, total or 0, n - initial
-        self.studio.bump()
 
     def cancel(self) -> None:
         """As one Ctrl-C: the work stops after its next commit (every stage checks then)."""
@@ -553,25 +561,18 @@ def lost_flags(scores: np.ndarray, areas: np.ndarray, video: dict) -> list[list]
     doubles or halves (by at least `JUMP_MIN` of the frame). Each compares a frame with the
     one before, both tracked."""
     least = JUMP_MIN * video["width"] * video["height"]
-    out = []
-    for o in range(scores.shape[1]):
-        s, a = scores[:, o], areas[:, o].astype(np.float64)
-        flags = []
-        for f in range(1, len(s)):
-            if np.isnan(s[f]) or np.isnan(s[f - 1]):
-                continue
-            if s[f] <= 0 < s[f - 1]:
-                flags.append([f, "absent"])
-            elif s[f] > 0 and a[f] == 0 < a[f - 1]:
-                flags.append([f, "vanished"])
-            elif (
-                min(a[f], a[f - 1]) > 0
-                and max(a[f], a[f - 1]) >= JUMP_RATIO * min(a[f], a[f - 1])
-                and abs(a[f] - a[f - 1]) >= least
-            ):
-                flags.append([f, "jump"])
-        out.append(flags)
-    return out
+    s0, s1 = scores[:-1], scores[1:]  # (T - 1, O): each frame after the first, and the one before
+    a0, a1 = areas[:-1].astype(np.float64), areas[1:].astype(np.float64)
+    both = ~np.isnan(s0) & ~np.isnan(s1)
+    absent = both & (s1 <= 0) & (s0 > 0)
+    vanished = both & (s1 > 0) & (a1 == 0) & (a0 > 0)
+    lo, hi = np.minimum(a0, a1), np.maximum(a0, a1)
+    jump = both & ~absent & ~vanished & (lo > 0) & (hi >= JUMP_RATIO * lo) & (hi - lo >= least)
+    kind = np.select([absent, vanished, jump], ["absent", "vanished", "jump"], "")
+    return [
+        [[int(f) + 1, str(kind[f, o])] for f in np.nonzero(kind[:, o])[0]]
+        for o in range(scores.shape[1])
+    ]
 
 
 def _decoded(path: Path) -> bool:

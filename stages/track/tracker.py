@@ -374,8 +374,10 @@ class Tracker:
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
             write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1])
-            self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
+            # areas before scores: a reader of scores, then areas (the studio's flags), never
+            # sees a frame's new score beside its area not yet written
             self.store.array("object_areas")[a:b] = areas[idx[0] : idx[-1] + 1]
+            self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
             self.store.array("tracked")[a:b] = True
         written = self.memstore.write_snapshot(k, memory)
         self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)

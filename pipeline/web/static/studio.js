@@ -323,6 +323,7 @@ const ROW = 10;
 function drawStrips() {
   const canvas = $("strips");
   if (!S.info) return;
+  fromHereButtons();
   const ids = objectIds(), T = S.info.frames;
   canvas.width = Math.max(1, canvas.clientWidth);
   canvas.height = ROW * ids.length;
@@ -496,11 +497,19 @@ function wire() {
 }
 
 async function track() {
-  await api("track", json({ direction: $("direction").value }));
+  await api("track", json({ direction: $("direction").value, frames: [0, null] }));
 }
 
 // "track from here": the tracking window of `segpipe track --frames A:B`, forward from this
-// frame to the frame in the box (empty: the end), or backward to it (empty: frame 0)
+// frame to the frame in the box (empty: the end), or backward to it (empty: frame 0). A pass
+// starts where SAM 2's would: forward from the later of this frame and the earliest prompt,
+// backward from the earlier; so each button is offered only where its pass starts here.
+function fromHereButtons() {
+  const first = Math.min(...S.entries.map((e) => e.frame));
+  $("track-forward").disabled = !S.entries.length || S.frame < first;
+  $("track-backward").disabled = !S.entries.length || S.frame > first;
+}
+
 async function trackFromHere(forward) {
   const to = $("to-frame").value === "" ? null : Number($("to-frame").value);
   const frames = forward ? [S.frame, to === null ? null : to + 1] : [to ?? 0, S.frame + 1];
@@ -536,8 +545,12 @@ async function decoded() {
     const events = new EventSource("api/events");
     events.onmessage = (m) => {
       const p = JSON.parse(m.data);
+      if (p.kind !== "decode") return;
       showProgress(p);
-      if (p.state === "failed") say(p.message);
+      if (p.state === "failed" || p.state === "cancelled") {
+        say(`${p.message} (reload the page to decode on)`);
+        document.body.dataset.decoding = p.state;
+      }
       if (p.state === "done") { events.close(); resolve(); }
     };
   });
