@@ -158,6 +158,8 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         summary: Server-sent events, one `progress` snapshot each time something changes.
         """
 
+        studio.warm()  # a page has loaded: the preview's model can be built now
+
         async def stream():
             last, synced = None, 0.0
             while not stopping() and not await request.is_disconnected():

@@ -55,7 +55,6 @@ class StudioServer:
             self.socket.close()
             raise BadInput(f"cannot listen on {host}:{port}: {e.strerror}") from None
         self.studio.begin()  # a store not yet decoded: decoding, now that the URL will answer
-        self.studio.warm()  # the preview's model, built while the page loads
         bound = self.socket.getsockname()[1]
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.url = f"http://{shown}:{bound}/" + (f"?token={self.token}" if self.token else "")

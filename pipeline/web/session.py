@@ -53,7 +53,8 @@ class Studio:
         self.model = dict(
             model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
         )
-        self._previewer = None  # made on the first preview or Track: torch loads then
+        self._previewer = None  # made on the first preview or Track (or `warm`): torch then
+        self._warmed = False
         self.entries, self.seen, self.direction = [], None, "both"
         self.version = 0  # bumped on every change a tab should see
         self.changed = threading.Condition()
@@ -77,8 +78,9 @@ class Studio:
                 self.job.start(self, "decode", self._decode)
 
     def warm(self) -> None:
-        """Load torch and build the preview's model in the background (the server answers
-        meanwhile), so that the first click previews as fast as the later ones."""
+        """Load torch and build the preview's model in the background, once: when a page has
+        loaded (its events stream opens; the page's first requests do not wait behind the
+        build) or a decode ends, so that the first click previews as fast as the later ones."""
 
         def build():
             try:
@@ -87,8 +89,11 @@ class Studio:
             except Exception:  # noqa: BLE001 - the first preview says what is wrong
                 pass
 
-        if not self.decoding:
-            threading.Thread(target=build, daemon=True).start()
+        with self._starting:
+            if self.decoding or self._warmed:
+                return
+            self._warmed = True
+        threading.Thread(target=build, daemon=True).start()
 
     def _opened(self) -> None:
         """Take the decoded store's prompts and direction."""
