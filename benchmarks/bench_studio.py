@@ -204,8 +204,12 @@ def main():
     print(table(["request", "n", "p50 ms", "p95 ms"], rows))
     print()
     print(table(["studio RSS", "MiB"], [[k, v] for k, v in rss.items()]))
-    ok = rows[0][3] < 150 and rows[1][3] < 150 and rows[3][3] < 1000
-    print(f"\ngoals (frame + masks p95 < 150 ms, preview < 1 s): {'met' if ok else 'NOT met'}")
+    ok = rows[0][3] < 150 and rows[2][3] < 1000 and rows[3][3] < 1000
+    print(
+        f"\ngoals (frame + masks p95 < 150 ms while scrubbing, every preview < 1 s): "
+        f"{'met' if ok else 'NOT met'}; random jumps p95 < 150 ms too: "
+        f"{'met' if rows[1][3] < 150 else 'not met'}"
+    )
 
 
 if __name__ == "__main__":
