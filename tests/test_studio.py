@@ -615,6 +615,24 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
     assert_same_store(store, before)
 
 
+def studio_process(argv, *hooks) -> tuple[subprocess.Popen, str]:
+    """`segpipe <argv>` (a studio) in its own process, with `kill_points` test hooks
+    installed first; (the process, the URL it printed)."""
+    code = "import kill_points\n" + "".join(f"kill_points.{h}\n" for h in hooks)
+    code += f"kill_points.cli({list(map(str, argv))!r})"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("studio: http://"), proc.stderr.read()
+    return proc, line.split()[1]
+
+
 def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_path):
     """`segpipe studio clip.mp4 --store S`: bad input is refused at once, on the terminal;
     otherwise the URL comes at once and the page shows the decode's progress (the decode is
@@ -627,21 +645,11 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
     refused = segpipe("studio", small / "prompts.json", *args)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("Error:") and not store.exists(), refused.stderr
-    code = f"import kill_points\nkill_points.wait_before_write('frames', 3, {str(flag)!r})\n"
-    code += f"kill_points.cli({['studio', str(small / 'clip.mp4'), *map(str, args)]!r})"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-    )
+    argv = ["studio", small / "clip.mp4", *args]
+    proc, url = studio_process(argv, f"wait_before_write('frames', 3, {str(flag)!r})")
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("studio: http://"), proc.stderr.read()
         page = browser.new_page()
-        page.goto(line.split()[1])
+        page.goto(url)
         page.wait_for_selector("body[data-decoding='1']", timeout=30_000)
         page.wait_for_function(
             "/^decode: [0-9]+[/]24 frames/.test(document.getElementById('progress').textContent)",
@@ -650,7 +658,6 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
         shown = page.inner_text("#progress")
         assert 8 <= int(shown.split()[1].split("/")[0]) < 24, shown  # (with rate and ETA)
         page.screenshot(path=SHOTS / "studio_decoding.png")
-        url = line.split()[1]
         assert fetch(url + "api/prompts")[0] == 409  # no store to read yet
         assert fetch(url + "api/cancel", "POST", {})[0] == 200
         flag.touch()
@@ -767,19 +774,7 @@ def test_cancel_then_kill_9_of_the_studio_mid_track_then_track_again_resumes(
     flag = tmp_path / "go"
 
     def start(*hooks):
-        code = "import sys, kill_points\n" + "".join(f"kill_points.{h}\n" for h in hooks)
-        code += f"kill_points.cli(['studio', {str(store)!r}, '--port', '0'])"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-        )
-        line = proc.stdout.readline()
-        assert line.startswith("studio: http://"), proc.stderr.read()
-        return proc, line.split()[1]
+        return studio_process(["studio", store, "--port", 0], *hooks)
 
     def wait_job(url, proc=None):
         deadline = time.monotonic() + 120

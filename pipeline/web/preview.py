@@ -47,6 +47,11 @@ class Previewer:
             self.options, self.built_for = options, built_for  # once it is built
         return self.predictor
 
+    def build(self, store: RunStore) -> None:
+        """Build the model now (`Studio.warm`), waiting for a preview under way."""
+        with self._lock:
+            self.model(store)
+
     def precision(self, store: RunStore) -> str:
         spec = store.attrs.get("model")
         return spec["precision"] if spec else pick_precision(None, pick_device(self.device))

@@ -84,8 +84,7 @@ class Studio:
 
         def build():
             try:
-                with self.previewer._lock:
-                    self.previewer.model(self.store())
+                self.previewer.build(self.store())
             except Exception:  # noqa: BLE001 - the first preview says what is wrong
                 pass
 
@@ -171,10 +170,11 @@ class Studio:
         n = self.frame_number(n)
         store = self.store()
         video = store.attrs["video"]
+        array = store.array("masks")
         masks = []
-        if stored_settings(store) is not None and store.array("masks") is not None:
+        if stored_settings(store) is not None and array is not None:
             masks = self._masks.frame(store, n)
-        grey = store.array("masks") is None or store.array("masks").shape[1] < 255
+        grey = array is None or array.shape[1] < 255
         value = np.zeros((video["height"], video["width"]), np.uint8 if grey else np.int32)
         for slot, m in enumerate(masks):
             value[m] = slot + 1
