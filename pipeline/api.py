@@ -181,6 +181,7 @@ def track(
     frames=None,
     workers: int | None = None,
     scheduler: str | None = None,
+    groups: int | None = None,
 ) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
@@ -202,7 +203,9 @@ def track(
     condition the tracking, frames outside it are untracked.
 
     `workers` / `scheduler`: on Dask (as `encode`), the forward and reverse passes side by
-    side.
+    side, each in `groups` groups of objects (default: one per worker; one under
+    `non_overlap`), which give the same masks (SAM 2 tracks each object alone); without
+    Dask the groups run one after another.
 
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
@@ -225,6 +228,7 @@ def track(
             object_start=object_start,
             frames=frames,
             cluster=cluster,
+            groups=groups,
         )
     return Run(store)
 
@@ -294,6 +298,7 @@ def run(
     progress: bool = True,
     workers: int | None = None,
     scheduler: str | None = None,
+    groups: int | None = None,
 ) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
     with each chunk encoded just before a pass tracks it and exported (`exports`, default
@@ -405,6 +410,7 @@ def run(
                 score_threshold=score_threshold,
                 object_start=object_start,
                 frames=frames,
+                groups=groups,
             ),
         )
     return Run(store)

@@ -216,6 +216,15 @@ def dask_options(f):
     return f
 
 
+GROUPS = click.option(
+    "--groups",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="G",
+    help="Track the objects in G groups, each on its own (the same masks: SAM 2 tracks "
+    "each object alone): side by side on Dask workers, one after another here; one "
+    "group under --non-overlap.  [default: one per Dask worker, else one]",
+)
 FORCE = click.option(
     "--force",
     is_flag=True,
@@ -336,16 +345,18 @@ def encode(store, **options):
 @CHECKPOINT
 @DEVICE
 @dask_options
+@GROUPS
 @FORCE_AGAIN
 @QUIET
 def track(store, prompts, **options):
     """Track the prompted objects through the video from the stored embeddings (on Dask
-    workers: the forward and reverse passes side by side).
+    workers: the forward and reverse passes, and groups of objects, side by side).
 
     \b
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
       segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2
+      segpipe track --store cells.zarr --prompts cells.json --workers 2 --groups 4
     """
     with writing(store):
         api.track(store, prompts, **api_options(options))
@@ -427,6 +438,7 @@ def export(store, fmt, out, **options):
 )
 @DEVICE
 @dask_options
+@GROUPS
 @FORCE
 @NO_SPACE_CHECK
 @QUIET

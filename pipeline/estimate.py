@@ -277,10 +277,12 @@ def memory_snapshots(
     span = span or Span.whole(min(p.frame for p in prompts), T)
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     K = max(len(c) for c in cond.values())
-    prompted = O * K * (
-        4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho
-    ) + 5 * (CHUNK_OVERHEAD + ARRAY_META)
-    small = O * (2 * P + M) * 4 + 5 * CHUNK_OVERHEAD  # frame indices, scores, headers
+    # per object (its own arrays: `memory/<dir>/<slot>/`)
+    prompted = sum(
+        len(c) * (4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
+        for c in cond.values()
+    ) + O * (5 * (CHUNK_OVERHEAD + ARRAY_META) + GROUP_META)
+    small = O * ((2 * P + M) * 4 + 5 * CHUNK_OVERHEAD)  # frame indices, scores, headers
     out = {}
     for d in passes(direction):
         chunks = span.chunks(plan, d)
@@ -325,9 +327,8 @@ def masks_part(
     per = per_frame if per_frame is not None else raw / MASK_RATIO
     masks = per * tracked + chunks * CHUNK_OVERHEAD + ARRAY_META
     rest = (
-        T * O * (4 + 8)
-        + T
-        + 3 * chunks * CHUNK_OVERHEAD
+        T * O * (4 + 8 + 1)
+        + 3 * O * chunks * CHUNK_OVERHEAD  # scores, areas, tracked: a zarr chunk per object
         + 3 * ARRAY_META
         + (masks_prompts * H * W / MASK_RATIO + ARRAY_META if masks_prompts else 0)
     )
@@ -342,10 +343,11 @@ def tracked_frames(T: int, span: Span, direction: str) -> int:
 
 
 def other_part(
-    T: int, C: int, pass_chunk_counts: list[int], exports: int, prompts_json: int
+    T: int, C: int, pass_chunk_counts: list[int], exports: int, prompts_json: int, O: int = 1
 ) -> Part:
+    """Ledgers (a pass's: one per object) and metadata."""
     n = ChunkPlan(T, C).num_chunks
-    ledgers = [n, n, *pass_chunk_counts] + [n] * exports
+    ledgers = [n, n, *[c for c in pass_chunk_counts for _ in range(O)]] + [n] * exports
     total = (
         sum(LEDGER_META + 5 * c for c in ledgers)
         + ROOT_META
@@ -421,7 +423,7 @@ def build(
         else 0
     )
     counts = [len(v) - 1 for v in snaps.values()]
-    est.parts["other"] = other_part(T, C, counts, later.exports, prompts_json)
+    est.parts["other"] = other_part(T, C, counts, later.exports, prompts_json, max(O, 1))
 
     # What a finished stage holds is no longer an estimate: the bytes on disk.
     if store is not None and sizes:
@@ -482,13 +484,14 @@ def _memory_estimate(snaps: dict, O: int, prompts, store, same_tracking: bool, s
     """The memory part: the counted snapshots, scaled by those a pass has written so far."""
     memory, measured = 0, False
     for d, counted in snaps.items():
-        recent_meta = 5 * ARRAY_META
+        recent_meta = 5 * ARRAY_META * O
         pass_total = sum(counted) + recent_meta
         done = store.pass_ledger(d).count() if same_tracking else 0
         if done:  # scale the count by what the snapshots written so far measure
-            written = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/recent_"))
+            mine = {n: v for n, v in sizes.items() if n.startswith(f"memory/{d}/")}
+            written = sum(v for n, v in mine.items() if n.rsplit("/", 1)[-1].startswith("recent_"))
             written -= recent_meta
-            prompted = sum(v for n, v in sizes.items() if n.startswith(f"memory/{d}/prompted_"))
+            prompted = sum(v for n, v in mine.items() if n.rsplit("/", 1)[-1].startswith("prompted_"))
             counted_written = sum(counted[1 : 1 + done])
             if written > 0 and counted_written > 0 and prompted > 0:
                 rest = sum(counted[1 + done :]) * written / counted_written

@@ -10,7 +10,7 @@ from pathlib import Path
 from segpipe import log
 from segpipe.errors import DamagedStore, SegpipeError
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
-from segpipe.store.layout import TRACK_ARRAYS
+from segpipe.store.layout import TRACK_ARRAYS, memory_arrays
 from segpipe.store.ledger import pass_stage
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import DROPPABLE, dropped
@@ -105,23 +105,20 @@ def _scan_pass(
 ) -> None:
     """Scan pass `d`: its prompted memory, and its done chunks' results and memory."""
     stage, chunks = pass_stage(d), Span.of(track, plan.num_frames).chunks(plan, d)
-    prefix = f"memory/{d}"
-    if any(
-        store.array(f"{prefix}/prompted_{n}") is not None
-        and not _check(store, f"{prefix}/prompted_{n}", 0, found)
-        for n in ("frame", "maskmem", "ptr", "score", "logits")
-    ):
+    slots = range(len(track["object_ids"]))
+    prompted = [
+        name
+        for s in slots
+        for name in memory_arrays(d, s, "prompted")
+        if store.array(name) is not None
+    ]
+    if not all([_check(store, name, 0, found) for name in prompted]):
         redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
+    recent = [name for s in slots for name in memory_arrays(d, s, "recent")]
     for k in chunks:
         if not is_done(stage, k):
             continue
-        names = [
-            *TRACK_ARRAYS,
-            *(
-                f"{prefix}/recent_{n}"
-                for n in ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
-            ),
-        ]
+        names = [*TRACK_ARRAYS, *recent]
         if not all([_check(store, name, k, found) for name in names]):
             redo.setdefault(stage, set()).add(k)
             if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):

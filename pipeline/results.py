@@ -82,7 +82,7 @@ class Run:
     def tracked(self) -> np.ndarray:
         """(frames,) bool: the frames some tracking pass reached."""
         self._tracking()
-        return self._store.read("tracked")
+        return self._store.read("tracked").any(axis=1)
 
     def masks(self, frames: slice | None = None, objects: list[int] | None = None) -> np.ndarray:
         """(frames, objects, H, W) bool masks of `frames` (a slice; default all) and `objects`

@@ -87,9 +87,30 @@ def wait_for(predicate, proc, timeout=120.0):
     return False
 
 
+def ledger_records(store: Path, stage: str) -> dict[int, float]:
+    """Chunk -> commit time (its record file's mtime) of the chunks `stage` has recorded,
+    read from the files; a tracking pass's (one ledger per object, `ledger/<stage>/<slot>`):
+    the chunks every object has recorded, at the last object's time. (A record a kill
+    interrupted is a temporary file, not counted.)"""
+    folder = Path(store) / "ledger" / stage
+
+    def records(chunks: Path) -> dict[int, float]:
+        if not chunks.is_dir():
+            return {}
+        return {int(p.name): p.stat().st_mtime for p in chunks.iterdir() if p.name.isdigit()}
+
+    if not stage.startswith("track_"):
+        return records(folder / "c")
+    slots = sorted(p for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+    if not slots:
+        return {}
+    each = [records(p / "c") for p in slots]
+    common = set(each[0]).intersection(*each[1:])
+    return {k: max(r[k] for r in each) for k in sorted(common)}
+
+
 def ledger_count(store: Path, stage: str) -> int:
-    chunks = Path(store) / "ledger" / stage / "c"
-    return len(list(chunks.iterdir())) if chunks.is_dir() else 0
+    return len(ledger_records(store, stage))
 
 
 @pytest.fixture(scope="session")

@@ -125,11 +125,7 @@ def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int
 
 def committed(store: Path, stage: str) -> dict[int, float]:
     """Chunk -> commit time (its ledger entry's mtime) of the chunks `stage` has committed."""
-    folder = store / "ledger" / stage / "c"
-    if not folder.is_dir():
-        return {}
-    # (a record a kill interrupted is a temporary file)
-    return {int(p.name): p.stat().st_mtime for p in folder.iterdir() if p.name.isdigit()}
+    return ledger_records(store, stage)
 
 
 def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(

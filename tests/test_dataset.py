@@ -230,7 +230,7 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
         # outputs appear chunk by chunk, as the chunks are tracked
         assert CHUNK <= len(png_files(out / "cows")) < VIDEOS["cows"][0]
         exported = tree_mtimes(out / "cows")
-        tracked_chunk_0 = (second / "ledger" / "track_forward" / "c" / "0").stat().st_mtime_ns
+        tracked_chunk_0 = (second / "ledger" / "track_forward" / "0" / "c" / "0").stat().st_mtime_ns
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -251,7 +251,7 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     # the second video resumed: its chunks done before the kill were not done again
     now = tree_mtimes(out / "cows")
     assert all(now[name] == mtime for name, mtime in exported.items() if name.endswith(".png"))
-    assert (second / "ledger" / "track_forward" / "c" / "0").stat().st_mtime_ns == tracked_chunk_0
+    assert (second / "ledger" / "track_forward" / "0" / "c" / "0").stat().st_mtime_ns == tracked_chunk_0
 
 
 def test_a_bad_video_is_reported_and_the_others_go_on(dataset, tmp_path):

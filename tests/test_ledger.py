@@ -111,8 +111,8 @@ def test_corrupted_records_are_not_done(store):
 
 
 def test_cache_follows_mark_done_undo_and_reset(store):
-    ledger = store.ledger("track_forward")
-    assert store.ledger("track_forward") is ledger
+    ledger = store.ledger("export_davis")
+    assert store.ledger("export_davis") is ledger
     ledger.mark_done(2)
     assert ledger.done().tolist() == [False, False, True]
     for k in (5, 3):
@@ -121,35 +121,60 @@ def test_cache_follows_mark_done_undo_and_reset(store):
     ledger.undo(40)  # beyond the records: nothing to undo
     want = [False, False, False, True, False, True]
     assert ledger.done().tolist() == want
-    assert fresh_done(store.path, "track_forward").tolist() == want
-    assert zarr_done(store.path, "track_forward").tolist() == want
+    assert fresh_done(store.path, "export_davis").tolist() == want
+    assert zarr_done(store.path, "export_davis").tolist() == want
     assert ledger.count() == 2 and ledger.todo([5, 4, 3, 2, 9]) == [4, 2, 9]
 
     # the vector is cached: damage made behind the ledger's back is seen only by a new reader
-    record(store, "track_forward", 3).write_bytes(b"\x00")
+    record(store, "export_davis", 3).write_bytes(b"\x00")
     assert ledger.done().tolist() == want
-    assert fresh_done(store.path, "track_forward").tolist() == [False] * 5 + [True]
+    assert fresh_done(store.path, "export_davis").tolist() == [False] * 5 + [True]
     done = ledger.done()
     done[:] = True  # a caller's copy: the cache is not changed through it
     assert ledger.done().tolist() == want
 
     ledger.reset()
-    assert ledger.done().shape == (0,) and fresh_done(store.path, "track_forward").shape == (0,)
+    assert ledger.done().shape == (0,) and fresh_done(store.path, "export_davis").shape == (0,)
     ledger.mark_done(1)
     assert (
-        ledger.done().tolist() == [False, True] == fresh_done(store.path, "track_forward").tolist()
+        ledger.done().tolist() == [False, True] == fresh_done(store.path, "export_davis").tolist()
     )
 
 
+def test_a_pass_is_done_where_every_object_is(store):
+    """A tracking pass keeps a ledger per object (groups of objects commit their own): the
+    pass has chunk k done where each of the tracking's objects has it, read fresh or cached;
+    undo and reset go to every object."""
+    store.set_attrs(track={"direction": "forward", "object_ids": [4, 7, 9]})
+    for slot, chunks in enumerate(([0, 1, 2, 3], [0, 1, 3], [0, 1, 2, 3, 5])):
+        for k in chunks:
+            store.ledger(f"track_forward/{slot}").mark_done(k)
+    want = [True, True, False, True]
+    assert store.pass_ledger("forward").done().tolist() == want
+    assert fresh_done(store.path, "track_forward").tolist() == want
+    assert store.pass_ledger("forward").todo([5, 3, 2, 1]) == [5, 2]
+    assert store.pass_ledger("forward").count() == 3
+    assert store.pass_ledger("forward").is_done(3) and not store.pass_ledger("forward").is_done(5)
+    store.pass_ledger("forward").undo(1)
+    assert fresh_done(store.path, "track_forward/2").tolist() == [True, False, True, True, False, True]
+    assert fresh_done(store.path, "track_forward").tolist() == [True, False, False, True]
+    store.set_attrs(track={"direction": "forward", "object_ids": [4, 7, 9, 11]})  # a 4th: none
+    assert RunStore.open(store.path).pass_ledger("forward").count() == 0
+    store.pass_ledger("forward").reset()
+    assert not (store.path / "ledger" / "track_forward").exists()
+    assert fresh_done(store.path, "track_forward/0").shape == (0,)
+
+
 def test_reset_from_resets_cached_ledgers(store):
-    store.set_attrs(track={"direction": "forward"})
-    for stage in ("encode", "track_forward", "export_davis"):
+    store.set_attrs(track={"direction": "forward", "object_ids": [1]})
+    for stage in ("encode", "track_forward/0", "export_davis"):
         for k in range(3):
             store.ledger(stage).mark_done(k)
         assert store.ledger(stage).count() == 3
     reset_from(store, "track")
     assert store.ledger("encode").count() == 3
     assert store.ledger("track_forward").count() == 0 and store.ledger("export_davis").count() == 0
+    assert store.ledger("track_forward/0").count() == 0
     assert fresh_done(store.path, "encode").sum() == 3
     store.delete("ledger")  # a whole folder of ledgers: every cached vector is read again
     assert store.ledger("encode").count() == 0

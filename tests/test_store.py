@@ -111,15 +111,17 @@ def test_attributes_set_or_dropped_together_are_one_write(tmp_path, monkeypatch)
     }
 
 
-def test_a_store_of_schema_version_1_is_refused_in_one_line(decoded, clip_dir, tmp_path):
+@pytest.mark.parametrize("old", [1, 3])
+def test_a_store_of_an_older_schema_version_is_refused_in_one_line(decoded, clip_dir, tmp_path, old):
     """Version 1 covered layouts this segpipe no longer reads (masks in one chunk per pipeline
-    chunk, attributes stores lacked): every command refuses such a store in one line that
-    says how to go on, and leaves it as it is."""
+    chunk, attributes stores lacked), 3 kept the tracking's memory, ledgers and scores for
+    all objects together (4: per object, for groups of objects): every command refuses such
+    a store in one line that says how to go on, and leaves it as it is."""
     from segpipe.store.runstore import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 3
-    assert zarr.open_group(str(decoded), mode="r").attrs["schema_version"] == 3  # made today
-    zarr.open_group(str(decoded), mode="r+").attrs["schema_version"] = 1
+    assert SCHEMA_VERSION == 4
+    assert zarr.open_group(str(decoded), mode="r").attrs["schema_version"] == 4  # made today
+    zarr.open_group(str(decoded), mode="r+").attrs["schema_version"] = old
     before = tree_digest(decoded)
     for args in (
         ("decode", clip_dir / "clip.mp4", "--store", decoded),
@@ -131,8 +133,8 @@ def test_a_store_of_schema_version_1_is_refused_in_one_line(decoded, clip_dir, t
         proc = segpipe(*args)
         assert_user_error(
             proc,
-            f"store {decoded} has schema version 1",
-            "this segpipe reads version 3",
+            f"store {decoded} has schema version {old}",
+            "this segpipe reads version 4",
             "make a new store",
             f"a new --store, or delete {decoded}",
             "run the command again",

@@ -23,7 +23,7 @@ from pathlib import Path
 from segpipe import interrupt, log
 from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_task
 from segpipe.errors import BadInput, SegpipeError
-from segpipe.plan import Span
+from segpipe.plan import Span, passes
 from segpipe.store.retention import keep_setting, refuse_on_dask
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -64,12 +64,15 @@ def connect(
 
             stack.enter_context(store_lock(store))
         threads = worker_threads()  # before a local cluster's nanny touches os.environ
-        client = stack.enter_context(_client(workers, scheduler))
-        cluster = Cluster(client, threads)
+        if workers is not None:  # N workers on these cores: their share each
+            threads = max(1, threads // workers)
+        client = stack.enter_context(_client(workers, scheduler, threads))
+        cluster = Cluster(client, threads, local=workers is not None)
         cluster.check(device, store, paths)
         cluster.check_bits()
+        each = f", {log.count(threads, 'torch thread')} each" if cluster.device == "cpu" else ""
         log.info(
-            f"dask: {cluster.size} workers ({cluster.device}); "
+            f"dask: {cluster.size} workers ({cluster.device}{each}); "
             f"dashboard {_dashboard(client, workers)}",
             quiet,
         )
@@ -77,12 +80,14 @@ def connect(
 
 
 def worker_threads() -> int:
-    """Torch threads per worker, always sent: the client's OMP_NUM_THREADS where it is set,
-    else the client's `torch.get_num_threads()`, the count a single-process run here would
-    use. Results are bit for bit that run's only at its thread count (CPU results change
-    in the last bits with it), and a worker left to its own would pick one from its
-    machine and from Dask (which sets OMP_NUM_THREADS=1 in the workers it starts). On a
-    local cluster, OMP_NUM_THREADS=cores//N keeps N workers from oversubscribing."""
+    """The client's torch threads: its OMP_NUM_THREADS where it is set, else its
+    `torch.get_num_threads()`, the count a single-process run here would use. Workers of a
+    scheduler (`--scheduler`) run at it, so their bits are that run's (CPU results change
+    in the last bits with the thread count, and a worker left to its own would pick one
+    from its machine and from Dask, which sets OMP_NUM_THREADS=1 in the workers it
+    starts). The N workers of `--workers N` share this machine's cores: each runs at this
+    count // N (at least 1), started with it as OMP_NUM_THREADS, so their bits are those
+    of a single process started with that OMP_NUM_THREADS."""
     given = os.environ.get("OMP_NUM_THREADS", "")
     if given.isdigit() and int(given) > 0:
         return int(given)
@@ -105,7 +110,7 @@ def absolute(checkpoint: str | None) -> str | None:
 
 
 @contextmanager
-def _client(workers: int | None, scheduler: str | None):
+def _client(workers: int | None, scheduler: str | None, threads: int = 1):
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)  # failures come back as errors
@@ -121,13 +126,14 @@ def _client(workers: int | None, scheduler: str | None):
         # (3.75 s against 2.66 s for 16 frames at 256 here); segpipe's workers go without it.
         # And with OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's): the nanny also writes those
         # into this process's os.environ, so the client's thread count read after it was 1
-        # where a single-process run uses the cores. The workers start with this process's
-        # thread environment instead: its values where set, else unset (None: not set).
+        # where a single-process run uses the cores. The workers start with their share of
+        # the cores in all three (`worker_threads`), which the client reads before.
         environ = {
-            k: (os.environ.get(k) if k in THREAD_VARIABLES else v)
+            k: v
             for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
             if k != "MALLOC_TRIM_THRESHOLD_"
         }
+        environ.update({k: str(threads) for k in THREAD_VARIABLES})
         with ExitStack() as stack:
             stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ}))
             with _sigint_ignored():  # inherited by the workers: see there
@@ -201,8 +207,8 @@ def _dashboard(client, workers: int | None) -> str:
 class Cluster:
     """The client, and the futures it waits for."""
 
-    def __init__(self, client, threads: int):
-        self.client, self.threads = client, threads
+    def __init__(self, client, threads: int, local: bool = False):
+        self.client, self.threads, self.local = client, threads, local
         self.device = None  # the workers' device type (checked alike on every worker)
         self.size = 0
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
@@ -237,7 +243,10 @@ class Cluster:
     def check_bits(self) -> None:
         """On CPU workers: each computes SAM 2's image encoder as this process does
         (`model.thread_probe`, run as a task at the client's thread count), else refuse in
-        one line: its masks would not be those of the single-process run."""
+        one line: its masks would not be those of the single-process run. The workers of a
+        local cluster run at their share of the cores, in processes started with it
+        (`worker_threads`), which this process was not: there they must agree with each
+        other."""
         if self.device != "cpu":
             return
         import uuid
@@ -247,12 +256,14 @@ class Cluster:
         from segpipe.dask.tasks import probe_task
         from segpipe.model import thread_probe
 
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            mine = thread_probe()
-        finally:
-            torch.set_num_threads(before)
+        mine = None
+        if not self.local or self.threads == worker_threads():
+            before = torch.get_num_threads()
+            torch.set_num_threads(self.threads)
+            try:
+                mine = thread_probe()
+            finally:
+                torch.set_num_threads(before)
         workers = self.workers
         futures = [
             self.client.submit(
@@ -266,6 +277,7 @@ class Cluster:
             for n, w in enumerate(workers)
         ]
         for worker, (digest, environ) in zip(workers, self.client.gather(futures)):
+            mine = digest if mine is None else mine  # a local cluster's first worker
             if digest != mine:
                 said = ", ".join(f"{k}={v}" for k, v in environ.items() if v is not None)
                 raise BadInput(
@@ -365,12 +377,17 @@ class Cluster:
                     each=done,
                 )
 
-    def track(self, store, pending: list[str], work: Work, on_commit, quiet: bool) -> None:
-        """Run the passes `pending` side by side, one task each (a pass is sequential inside, as
-        it must be to stay exact), after encoding the chunks they need that have no features.
-        The client watches the passes' ledgers: a chunk a pass commits moves the bar and goes
-        to `on_commit(direction, k)` (`run` exports it then)."""
+    def track(
+        self, store, pending: list[str], work: Work, on_commit, quiet: bool, groups: int = 1
+    ) -> None:
+        """Run the passes `pending` side by side, each in `groups` groups of objects
+        (`stages.track.groups`), one task per pass and group (sequential inside, as it must
+        be to stay exact), after encoding the chunks they need that have no features. The
+        client watches the passes' ledgers: a chunk every group of a pass has committed
+        moves the bar and goes to `on_commit(direction, k)` (`run` exports it then)."""
+        from segpipe.stages.track.groups import object_groups, object_todo
         from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads
+        from segpipe.store.ledger import object_stage
 
         refuse_on_dask(keep_setting(store), store.path)
         settings = store.attrs["track"]
@@ -388,18 +405,37 @@ class Cluster:
             self.encode(store, missing, work, quiet)
         for d in pending:
             store.pass_ledger(d).reserve(max(span.chunks(plan, d)) + 1)
+        units = [
+            (d, g)
+            for d in pending
+            for g in object_groups(store, d, span.chunks(plan, d), groups, settings["options"])
+        ]
         frames = {d: {k: span.count_in(d, *plan.bounds(k)) for k in todo[d]} for d in pending}
         seen = {d: set() for d in pending}
-        # the start's chunk, when both passes still have to write it: reverse waits (see above)
-        shared = set(todo.get("forward", ())) & set(todo.get("reverse", ()))
-        later = ["reverse"] if shared else []
+        # A group's reverse pass waits while the forward pass has still to write, for its
+        # objects, a chunk it writes too (the start's, under `both`: see `tasks`)
+        forward = set(span.chunks(plan, "forward")) if "forward" in passes(settings["direction"]) else set()
+        later = {
+            i: [k for k in object_todo(store, d, g, span.chunks(plan, d)) if k in forward]
+            for i, (d, g) in enumerate(units)
+            if d == "reverse"
+        }
         path = str(store.path.resolve())
 
-        def send(d):
-            return self.submit(pass_task, path, d, work, key=f"track-{d}")
+        def send(i):
+            d, g = units[i]
+            return self.submit(pass_task, path, d, g, work, key=f"track-{d}-{g[0]}-{g[-1]}")
+
+        def ready(i):
+            _, g = units[i]
+            return all(
+                store.ledger(object_stage("forward", s)).reread().is_done(k)
+                for s in g
+                for k in later[i]
+            )
 
         with log.progress("track", sum(sum(f.values()) for f in frames.values()), quiet) as bar:
-            futures = [send(d) for d in pending if d not in later]
+            futures = [send(i) for i in range(len(units)) if not later.get(i)]
 
             def look():
                 for d in pending:
@@ -410,8 +446,9 @@ class Cluster:
                             bar.update(frames[d][k])
                             if on_commit is not None:
                                 on_commit(d, k)
-                if later and shared <= seen["forward"]:
-                    futures.append(send(later.pop()))
+                for i in [i for i, wait in later.items() if wait and ready(i)]:
+                    later[i] = []
+                    futures.append(send(i))
 
             self.wait(futures, poll=look)
 

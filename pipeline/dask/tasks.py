@@ -14,11 +14,13 @@ write to the store first checks the task's lease on it (`runstore.LeasedFiles`,
 inside zarr's own store): a task outliving its client writes nothing for the run that took
 over. A worker builds each model once and keeps it (`MODELS`).
 
-The one zarr chunk two tasks write is the chunk of the earliest prompted frame under
-direction `both`: the forward pass writes its frames from that frame on, the reverse pass
-the ones before it, into the same zarr chunks (a read, a change and a write each). So the
-reverse pass is sent only once the forward pass has committed that chunk: the two never
-write it at once, whatever the timing. (A stale forward task cannot release it: the
+A tracking pass runs as groups of objects, one task each (`stages.track.groups`): a
+group writes only its objects' zarr chunks, memory and ledgers. The one zarr chunk two
+tasks write is an object's chunk of the earliest prompted frame under direction `both`:
+the forward pass writes its frames from that frame on, the reverse pass the ones before
+it, into the same zarr chunks (a read, a change and a write each). So a group's reverse
+pass is sent only once the forward pass has committed that chunk for each of its objects:
+the two never write it at once, whatever the timing. (A stale forward task cannot release it: the
 forward ledger's records are written under the lease, and a run that took over reset
 them.)
 """
@@ -135,18 +137,25 @@ def encode_on(store, k: int, work: Work) -> int:
     return k
 
 
-def pass_task(path: str, direction: str, work: Work) -> str:
-    return pass_on(_store(path, work), direction, work)
+def pass_task(path: str, direction: str, slots: list[int], work: Work) -> str:
+    return pass_on(_store(path, work), direction, slots, work)
 
 
-def pass_on(store, direction: str, work: Work) -> str:
-    """`pass_task`'s work on its store (opened under the lease: `_store`)."""
+def pass_on(store, direction: str, slots: list[int], work: Work) -> str:
+    """`pass_task`'s work on its store (opened under the lease: `_store`): pass `direction`
+    of the group of objects `slots`."""
     from segpipe.stages.track.stage import run_passes
     from segpipe.store.tracking import stored_prompts, stored_settings
 
     predictor = _predictor(store, work, stored_settings(store)["options"])
     run_passes(
-        store, predictor, stored_prompts(store), [direction], batch_size=work.batch_size, quiet=True
+        store,
+        predictor,
+        stored_prompts(store),
+        [direction],
+        batch_size=work.batch_size,
+        quiet=True,
+        groups=slots,
     )
     return direction
 

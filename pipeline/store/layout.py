@@ -13,6 +13,17 @@ from segpipe.store.runstore import RunStore
 # The tracking results, one chunk per pipeline chunk (written with the memory snapshots).
 TRACK_ARRAYS = ("masks", "object_scores", "object_areas", "tracked")
 
+# A pass's memory, per object (its slot): `memory/<direction>/<slot>/prompted_*` (its prompted
+# frames' outputs) and `.../recent_*` (a snapshot per chunk boundary): `stages.track.memory`.
+RECENT = ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
+PROMPTED = ("frame", "maskmem", "ptr", "score", "logits")
+
+
+def memory_arrays(direction: str, slot: int, kind: str) -> list[str]:
+    """An object's memory arrays of a pass: `kind` "recent" (the snapshots) or "prompted"."""
+    names = RECENT if kind == "recent" else PROMPTED
+    return [f"memory/{direction}/{slot}/{kind}_{n}" for n in names]
+
 
 STAGE_OUTPUTS = {
     "encode": {

@@ -1,6 +1,11 @@
 """The chunk ledger: one done-record per pipeline chunk and stage, a one-byte zarr chunk
 written last, after the chunk's data is durable; read straight from its files, since a
-long video has tens of thousands."""
+long video has tens of thousands.
+
+A tracking pass keeps one ledger per object (`ledger/track_<direction>/<slot>`): objects
+are tracked in groups that may run side by side (`stages.track.groups`), each committing
+its own objects' records, so no two groups write one file. `PassLedger` reads them as one:
+a chunk is done for the pass when it is done for every object."""
 
 from __future__ import annotations
 
@@ -18,9 +23,17 @@ if TYPE_CHECKING:
     from segpipe.store.runstore import RunStore
 
 
+PASS_STAGES = ("track_forward", "track_reverse")
+
+
 def pass_stage(direction: str) -> str:
     """The ledger (stage) name of the tracking pass `direction`: "track_forward", ..."""
     return f"track_{direction}"
+
+
+def object_stage(direction: str, slot: int) -> str:
+    """The ledger of one object (its slot in the tracking's objects) in pass `direction`."""
+    return f"{pass_stage(direction)}/{slot}"
 
 
 def _record(value: int) -> bytes:
@@ -210,3 +223,69 @@ class Ledger:
             finally:
                 self._done = None
             self._done = bytearray()
+
+
+class PassLedger:
+    """A tracking pass's done-records, as one ledger over its objects' (`object_stage`):
+    chunk k is done when every object of the tracking has it done. The objects are the
+    store's tracking's (its `track` attribute); before one is recorded nothing is done.
+    Reading, `reserve`, `undo` and `reset` go to every object; a pass's chunks are marked
+    done object by object (`RunStore.commit_objects`)."""
+
+    def __init__(self, store: RunStore, stage: str):
+        self.store, self.stage = store, stage
+        self.name = f"ledger/{stage}"
+        self._done = None  # (unused: `RunStore.delete` resets the objects' ledgers)
+
+    def objects(self) -> list[Ledger]:
+        track = self.store.attrs.get("track") or {}
+        n = len(track.get("object_ids", ()))
+        return [self.store.ledger(f"{self.stage}/{slot}") for slot in range(n)]
+
+    def done(self) -> np.ndarray:
+        vectors = [ledger.done() for ledger in self.objects()]
+        if not vectors:
+            return np.zeros(0, bool)
+        n = min(len(v) for v in vectors)
+        out = np.ones(n, bool)
+        for v in vectors:
+            out &= v[:n]
+        return out
+
+    def is_done(self, chunk: int) -> bool:
+        objects = self.objects()
+        return bool(objects) and all(ledger.is_done(chunk) for ledger in objects)
+
+    def todo(self, chunks) -> list[int]:
+        done = self.done()
+        n = len(done)
+        return [k for k in chunks if not (k < n and done[k])]
+
+    def count(self) -> int:
+        return int(self.done().sum())
+
+    def commit_times(self, chunks) -> dict[int, float]:
+        """When each chunk done for the pass was done for its last object."""
+        done = self.done()
+        chunks = [k for k in chunks if k < len(done) and done[k]]
+        times: dict[int, float] = {}
+        for ledger in self.objects():
+            for k, t in ledger.commit_times(chunks).items():
+                times[k] = max(t, times.get(k, t))
+        return times
+
+    def reread(self) -> "PassLedger":
+        for ledger in self.objects():
+            ledger.reread()
+        return self
+
+    def reserve(self, chunks: int) -> None:
+        for ledger in self.objects():
+            ledger.reserve(chunks)
+
+    def undo(self, chunk: int) -> None:
+        for ledger in self.objects():
+            ledger.undo(chunk)
+
+    def reset(self) -> None:
+        self.store.delete(self.name)  # every object's ledger with it

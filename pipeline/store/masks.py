@@ -66,13 +66,14 @@ def unpack_rows(packed: np.ndarray, width: int, r0: int, r1: int) -> np.ndarray:
     return bits.view(bool).reshape(*packed.shape[:-1], r1 - r0, width)
 
 
-def write_packed(store: RunStore, a: int, b: int, packed: np.ndarray) -> None:
-    """masks[a:b] = unpack(packed), one zarr chunk (one object's band of rows) at a time."""
+def write_packed(store: RunStore, a: int, b: int, packed: np.ndarray, first: int = 0) -> None:
+    """masks[a:b, first:first + n] = unpack(packed) for packed (b - a, n, bytes), one zarr
+    chunk (one object's band of rows) at a time."""
     arr = store.array("masks")
     W = arr.shape[3]
-    for s0, s1 in store.col_groups("masks"):
+    for s in range(packed.shape[1]):
         for r0, r1 in row_bands(store):
-            arr[a:b, s0:s1, r0:r1] = unpack_rows(packed[:, s0:s1], W, r0, r1)
+            arr[a:b, first + s : first + s + 1, r0:r1] = unpack_rows(packed[:, s : s + 1], W, r0, r1)
 
 
 def write_fill(store: RunStore, a: int, b: int) -> None:

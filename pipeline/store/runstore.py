@@ -28,12 +28,12 @@ from segpipe.fsutil import (
     tree_bytes,
 )
 from segpipe.plan import ChunkPlan
-from segpipe.store.ledger import Ledger, pass_stage
+from segpipe.store.ledger import PASS_STAGES, Ledger, PassLedger, pass_stage
 from segpipe.store.lock import check_lease
 
-SCHEMA_VERSION = (
-    3  # 1: earlier layouts (masks chunks, missing attrs); 2: one layout; 3: object_areas
-)
+# 1: earlier layouts (masks chunks, missing attrs); 2: one layout; 3: object_areas;
+# 4: tracking stored per object (memory, ledgers, scores, areas, tracked): object groups
+SCHEMA_VERSION = 4
 FORMAT_NAME = "segpipe"
 
 
@@ -312,14 +312,16 @@ class RunStore:
         return dict(sorted(sizes.items()))
 
     # -- chunk commits ---------------------------------------------------------------------
-    def ledger(self, stage: str) -> "Ledger":
-        """The stage's ledger; the same object every time, so its done-vector is read once."""
+    def ledger(self, stage: str) -> "Ledger | PassLedger":
+        """The stage's ledger; the same object every time, so its done-vector is read once.
+        A tracking pass's is a `PassLedger` over its objects' ledgers."""
         ledger = self._ledgers.get(stage)
         if ledger is None:  # setdefault: one object even where two threads ask at once
-            ledger = self._ledgers.setdefault(stage, Ledger(self, stage))
+            kind = PassLedger if stage in PASS_STAGES else Ledger
+            ledger = self._ledgers.setdefault(stage, kind(self, stage))
         return ledger
 
-    def pass_ledger(self, direction: str) -> "Ledger":
+    def pass_ledger(self, direction: str) -> "PassLedger":
         """The ledger of the tracking pass `direction` ("forward", "reverse")."""
         return self.ledger(pass_stage(direction))
 
@@ -327,23 +329,34 @@ class RunStore:
         """Make a whole (small) array durable."""
         fsync_entry(self.path / name, self.path)
 
-    def sync_chunk(self, arrays, chunk: int) -> None:
+    def sync_chunk(self, arrays, chunk: int, cols: slice | None = None) -> None:
         """Make chunk `chunk` (along the first axis) of `arrays` durable, directory entries
         included, first removing the temp files of writes killed in it (zarr writes each
         chunk file as `<file>.<random>.partial`, renamed when complete: a kill mid-write
-        leaves one, up to a chunk of features, that nothing else would delete)."""
+        leaves one, up to a chunk of features, that nothing else would delete). `cols`: only
+        the zarr chunks of those objects (axis 1, chunked one object per zarr chunk: the
+        tracking results), which another group of objects may be writing beside them."""
         for name in arrays:
-            self._remove_partials(name, chunk)
             fsync_path(self.path / name / "zarr.json")
-            fsync_entry(self.path / name / "c" / str(chunk), self.path)
+            folder = self.path / name / "c" / str(chunk)
+            if cols is None:
+                self._remove_partials(name, chunk)
+                fsync_entry(folder, self.path)
+                continue
+            for s in range(*cols.indices(self.array(name).shape[1])):
+                self._remove_partials(name, chunk, str(s))
+                fsync_entry(folder / str(s), self.path)
 
-    def _remove_partials(self, name: str, chunk: int) -> None:
+    def _remove_partials(self, name: str, chunk: int, col: str | None = None) -> None:
         folder = self.path / name / "c"
-        found = list(folder.glob(f"{chunk}.*.partial"))  # a 1-d array's chunk file
-        if (folder / str(chunk)).is_dir():
+        found = list(folder.glob(f"{chunk}.*.partial")) if col is None else []  # 1-d arrays
+        top = folder / str(chunk) if col is None else folder / str(chunk) / col
+        if col is not None:
+            found += list((folder / str(chunk)).glob(f"{col}.*.partial"))  # (C, 1) chunks
+        if top.is_dir():
             found += [
                 Path(root) / f
-                for root, _, files in os.walk(folder / str(chunk))
+                for root, _, files in os.walk(top)
                 for f in files
                 if f.endswith(".partial")
             ]
@@ -362,6 +375,21 @@ class RunStore:
             fsync_path_dir(folder)
         self.ledger(stage).mark_done(chunk)
         interrupt.check()  # a Ctrl-C / SIGTERM stops here, between two committed chunks
+
+    def commit_objects(
+        self, direction: str, chunk: int, slots: list[int], shared: list[str], own: list[str]
+    ) -> None:
+        """`commit` for a group of objects of a tracking pass: chunk `chunk` made durable in
+        `shared` arrays (chunked one object per zarr chunk: only objects `slots`, which are
+        contiguous) and in `own` arrays (the group's objects' alone: their memory); then
+        each object's done-record (`ledger.object_stage`)."""
+        from segpipe.store.ledger import object_stage
+
+        self.sync_chunk(shared, chunk, slice(slots[0], slots[-1] + 1))
+        self.sync_chunk(own, chunk)
+        for s in slots:
+            self.ledger(object_stage(direction, s)).mark_done(chunk)
+        interrupt.check()
 
 
 def _chunk_grid(arr: zarr.Array, cols: slice | None = None) -> list[tuple[str, ...]]:

@@ -194,7 +194,7 @@ class Studio:
             return {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
         scores = _written(store, "object_scores", np.nan)  # then areas: see `Tracker.write`
         areas = _written(store, "object_areas", 0)
-        tracked = _written(store, "tracked", False)
+        tracked = _written(store, "tracked", False).any(axis=1)
         untracked = np.isnan(scores)
         return {
             "objects": list(settings["object_ids"]),
@@ -602,16 +602,19 @@ def _decoded(path: Path) -> bool:
 def _written(store: RunStore, name: str, missing) -> np.ndarray:
     """The array, chunk by chunk, with `missing` where a chunk is not written yet (the
     tracking under way has not reached it)."""
-    plan = store.plan
-    parts = []
+    plan, arr = store.plan, store.array(name)
+    out = np.full(arr.shape, missing, arr.dtype)
     for k in range(plan.num_chunks):
         lo, hi = plan.bounds(k)
         try:
-            parts.append(store.read(name, lo, hi))
-        except DamagedStore:
-            shape = (hi - lo, *store.array(name).shape[1:])
-            parts.append(np.full(shape, missing, store.array(name).dtype))
-    return np.concatenate(parts)
+            out[lo:hi] = store.read(name, lo, hi)
+        except DamagedStore:  # some objects' zarr chunks: groups of objects write apart
+            for o in range(arr.shape[1]):
+                try:
+                    out[lo:hi, o] = store.read(name, lo, hi, cols=slice(o, o + 1))[:, 0]
+                except DamagedStore:
+                    pass
+    return out
 
 
 def png(a: np.ndarray) -> bytes:

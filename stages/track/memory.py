@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from segpipe.store.layout import PROMPTED, memory_arrays
 from segpipe.store.runstore import RunStore
 
 
@@ -142,8 +143,10 @@ class Reach:
 
 
 # -- zarr form -----------------------------------------------------------------------------
-# memory/<direction>/prompted_*: every prompted-frame output, (O, K, ...) with frame -1 padding.
-# memory/<direction>/recent_*:   one snapshot per chunk boundary, (chunks, O, slots, ...).
+# Per object (its slot in the tracking's objects), so groups of objects tracked side by side
+# never write one file: under memory/<direction>/<slot>/
+#   prompted_*: that object's prompted-frame outputs, (K, ...) in frame order;
+#   recent_*:   one snapshot per chunk boundary, (chunks, slots, ...), -1 frames padding.
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -165,157 +168,141 @@ def _dtype(t: torch.Tensor | None) -> str:
 
 
 class MemoryStore:
-    """Reads and writes `TrackerMemory` for one direction under `memory/<direction>/`."""
+    """Reads and writes `TrackerMemory` for one direction, each object under
+    `memory/<direction>/<slot>/` (`slots`: the memory's objects' slots, in order)."""
 
     def __init__(
         self,
         store: RunStore,
         direction: str,
         reach: Reach,
-        num_objects: int,
+        slots: list[int],
         num_chunks: int,
         maskmem_shape: tuple,
         logits_shape: tuple,
         ptr_dim: int,
     ):
-        self.store, self.prefix = store, f"memory/{direction}"
-        self.reach, self.O, self.num_chunks = reach, num_objects, num_chunks
+        self.store, self.direction = store, direction
+        self.reach, self.slots, self.num_chunks = reach, list(slots), num_chunks
         self.maskmem_shape, self.logits_shape, self.ptr_dim = maskmem_shape, logits_shape, ptr_dim
 
     def recent_arrays(self) -> list[str]:
-        return [
-            f"{self.prefix}/recent_{n}"
-            for n in ("maskmem_frame", "maskmem", "ptr_frame", "ptr", "score")
-        ]
+        return [a for s in self.slots for a in memory_arrays(self.direction, s, "recent")]
 
     def write_prompted(self, memory: TrackerMemory) -> None:
-        K = max(len(o.prompted) for o in memory.objects)
-        frame = np.full((self.O, K), -1, np.int32)
-        maskmem = np.zeros((self.O, K, *self.maskmem_shape), np.uint16)
-        ptr = np.zeros((self.O, K, self.ptr_dim), np.float32)
-        score = np.zeros((self.O, K), np.float32)
-        logits = np.zeros((self.O, K, *self.logits_shape), np.float32)
-        for o, obj in enumerate(memory.objects):
+        for slot, obj in zip(self.slots, memory.objects):
+            K = len(obj.prompted)
+            frame = np.full((K,), -1, np.int32)
+            maskmem = np.zeros((K, *self.maskmem_shape), np.uint16)
+            ptr = np.zeros((K, self.ptr_dim), np.float32)
+            score = np.zeros((K,), np.float32)
+            logits = np.zeros((K, *self.logits_shape), np.float32)
             for j, (t, out) in enumerate(sorted(obj.prompted.items())):
-                frame[o, j] = t
-                maskmem[o, j] = _bits(out.maskmem[0])
-                ptr[o, j] = out.obj_ptr[0].float().cpu().numpy()
-                score[o, j] = out.score.reshape(()).item()
-                logits[o, j] = out.logits[0, 0].float().cpu().numpy()
-        first = next(iter(memory.objects[0].prompted.values()))
-        dtypes = {
-            "maskmem": "bfloat16",
-            "ptr": _dtype(first.obj_ptr),
-            "score": _dtype(first.score),
-            "logits": _dtype(first.logits),
-        }
-        for name, data in (
-            ("frame", frame),
-            ("maskmem", maskmem),
-            ("ptr", ptr),
-            ("score", score),
-            ("logits", logits),
-        ):
-            path = f"{self.prefix}/prompted_{name}"
-            arr = self.store.create_array(
-                path,
-                data.shape,
-                data.shape,
-                data.dtype,
-                overwrite=True,
-                attributes={"torch_dtype": dtypes[name]} if name in dtypes else None,
-            )
-            arr[...] = data
-            self.store.commit_array(path)
+                frame[j] = t
+                maskmem[j] = _bits(out.maskmem[0])
+                ptr[j] = out.obj_ptr[0].float().cpu().numpy()
+                score[j] = out.score.reshape(()).item()
+                logits[j] = out.logits[0, 0].float().cpu().numpy()
+            first = next(iter(obj.prompted.values()))
+            dtypes = {
+                "maskmem": "bfloat16",
+                "ptr": _dtype(first.obj_ptr),
+                "score": _dtype(first.score),
+                "logits": _dtype(first.logits),
+            }
+            datas = (frame, maskmem, ptr, score, logits)
+            for name, path, data in zip(
+                PROMPTED, memory_arrays(self.direction, slot, "prompted"), datas
+            ):
+                arr = self.store.create_array(
+                    path,
+                    data.shape,
+                    data.shape,
+                    data.dtype,
+                    overwrite=True,
+                    attributes={"torch_dtype": dtypes[name]} if name in dtypes else None,
+                )
+                arr[...] = data
+                self.store.commit_array(path)
 
     def write_snapshot(self, chunk: int, memory: TrackerMemory) -> list[str]:
         """Write the boundary snapshot after `chunk`; returns the arrays to commit."""
         M, P = self.reach.maskmem_slots, self.reach.pointer_slots
-        mem_frame = np.full((1, self.O, M), -1, np.int32)
-        maskmem = np.zeros((1, self.O, M, *self.maskmem_shape), np.uint16)
-        ptr_frame = np.full((1, self.O, P), -1, np.int32)
-        ptr = np.zeros((1, self.O, P, self.ptr_dim), np.float32)
-        score = np.zeros((1, self.O, P), np.float32)
-        for o, obj in enumerate(memory.objects):
+        for slot, obj in zip(self.slots, memory.objects):
+            mem_frame = np.full((1, M), -1, np.int32)
+            maskmem = np.zeros((1, M, *self.maskmem_shape), np.uint16)
+            ptr_frame = np.full((1, P), -1, np.int32)
+            ptr = np.zeros((1, P, self.ptr_dim), np.float32)
+            score = np.zeros((1, P), np.float32)
             with_mem = sorted(t for t, out in obj.recent.items() if out.maskmem is not None)
             with_ptr = sorted(t for t, out in obj.recent.items() if out.obj_ptr is not None)
             assert len(with_mem) <= M and len(with_ptr) <= P, "memory window larger than its slots"
             for j, t in enumerate(with_mem):
-                mem_frame[0, o, j] = t
-                maskmem[0, o, j] = _bits(obj.recent[t].maskmem[0])
+                mem_frame[0, j] = t
+                maskmem[0, j] = _bits(obj.recent[t].maskmem[0])
             for j, t in enumerate(with_ptr):
-                ptr_frame[0, o, j] = t
-                ptr[0, o, j] = obj.recent[t].obj_ptr[0].float().cpu().numpy()
-                score[0, o, j] = obj.recent[t].score.reshape(()).item()
-        some = next(
-            (
-                out
-                for obj in memory.objects
-                for out in obj.recent.values()
-                if out.obj_ptr is not None
-            ),
-            None,
-        )
-        dtypes = [
-            None,
-            "bfloat16",
-            None,
-            _dtype(some and some.obj_ptr),
-            _dtype(some and some.score),
-        ]
-        for path, data, dtype in zip(
-            self.recent_arrays(), (mem_frame, maskmem, ptr_frame, ptr, score), dtypes
-        ):
-            arr = self.store.array(path)
-            if arr is None:
-                shape = (self.num_chunks, *data.shape[1:])
-                arr = self.store.create_array(
-                    path,
-                    shape,
-                    (1, *data.shape[1:]),
-                    data.dtype,
-                    fill_value=-1 if data.dtype == np.int32 else 0,
-                    attributes={"torch_dtype": dtype} if dtype else None,
-                )
-            arr[chunk : chunk + 1] = data
+                ptr_frame[0, j] = t
+                ptr[0, j] = obj.recent[t].obj_ptr[0].float().cpu().numpy()
+                score[0, j] = obj.recent[t].score.reshape(()).item()
+            some = next((out for out in obj.recent.values() if out.obj_ptr is not None), None)
+            dtypes = [
+                None,
+                "bfloat16",
+                None,
+                _dtype(some and some.obj_ptr),
+                _dtype(some and some.score),
+            ]
+            for path, data, dtype in zip(
+                memory_arrays(self.direction, slot, "recent"),
+                (mem_frame, maskmem, ptr_frame, ptr, score),
+                dtypes,
+            ):
+                arr = self.store.array(path)
+                if arr is None:
+                    shape = (self.num_chunks, *data.shape[1:])
+                    arr = self.store.create_array(
+                        path,
+                        shape,
+                        (1, *data.shape[1:]),
+                        data.dtype,
+                        fill_value=-1 if data.dtype == np.int32 else 0,
+                        attributes={"torch_dtype": dtype} if dtype else None,
+                    )
+                arr[chunk : chunk + 1] = data
         return self.recent_arrays()
 
     def read(self, memory: TrackerMemory, chunk: int | None, device) -> None:
         """Fill `memory.objects` from the prompted outputs and the snapshot after `chunk`."""
-        names = ("frame", "maskmem", "ptr", "score", "logits")
-        p = {n: self.store.read(f"{self.prefix}/prompted_{n}") for n in names}
-        dt = {
-            n: self.store.array(f"{self.prefix}/prompted_{n}").attrs.get("torch_dtype")
-            for n in names
-        }
-        for o, obj in enumerate(memory.objects):
+        for slot, obj in zip(self.slots, memory.objects):
+            paths = memory_arrays(self.direction, slot, "prompted")
+            p = {n: self.store.read(path) for n, path in zip(PROMPTED, paths)}
+            dt = {n: self.store.array(path).attrs.get("torch_dtype") for n, path in zip(PROMPTED, paths)}
             obj.prompted, obj.recent = {}, {}
-            for j, t in enumerate(p["frame"][o]):
+            for j, t in enumerate(p["frame"]):
                 if t >= 0:
                     obj.prompted[int(t)] = FrameOutput(
-                        _bf16(p["maskmem"][o, j][None], device),
-                        _f32(p["ptr"][o, j][None], device, dt["ptr"]),
-                        _f32(p["score"][o, j].reshape(1, 1), device, dt["score"]),
-                        _f32(p["logits"][o, j][None, None], device, dt["logits"]),
+                        _bf16(p["maskmem"][j][None], device),
+                        _f32(p["ptr"][j][None], device, dt["ptr"]),
+                        _f32(p["score"][j].reshape(1, 1), device, dt["score"]),
+                        _f32(p["logits"][j][None, None], device, dt["logits"]),
                     )
-        if chunk is None:
-            return
-        mem_frame, maskmem, ptr_frame, ptr, score = (
-            self.store.read(path, chunk, chunk + 1)[0] for path in self.recent_arrays()
-        )
-        ptr_dtype, score_dtype = (
-            self.store.array(path).attrs.get("torch_dtype", "float32")
-            for path in self.recent_arrays()[3:]
-        )
-        for o, obj in enumerate(memory.objects):
-            for j, t in enumerate(ptr_frame[o]):
+            if chunk is None:
+                continue
+            recent = memory_arrays(self.direction, slot, "recent")
+            mem_frame, maskmem, ptr_frame, ptr, score = (
+                self.store.read(path, chunk, chunk + 1)[0] for path in recent
+            )
+            ptr_dtype, score_dtype = (
+                self.store.array(path).attrs.get("torch_dtype", "float32") for path in recent[3:]
+            )
+            for j, t in enumerate(ptr_frame):
                 if t >= 0:
                     obj.recent[int(t)] = FrameOutput(
                         None,
-                        _f32(ptr[o, j][None], device, ptr_dtype),
-                        _f32(score[o, j].reshape(1, 1), device, score_dtype),
+                        _f32(ptr[j][None], device, ptr_dtype),
+                        _f32(score[j].reshape(1, 1), device, score_dtype),
                     )
-            for j, t in enumerate(mem_frame[o]):
+            for j, t in enumerate(mem_frame):
                 if t >= 0:
                     out = obj.recent.setdefault(int(t), FrameOutput(None, None, None))
-                    out.maskmem = _bf16(maskmem[o, j][None], device)
+                    out.maskmem = _bf16(maskmem[j][None], device)

@@ -35,7 +35,8 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
-from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads, say_cost
+from segpipe.stages.track.groups import object_groups, object_todo
+from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_chunks, write_fill
@@ -92,9 +93,10 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
         fill_value=False,
         attributes={"object_ids": settings["object_ids"]},
     )
-    store.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
-    store.create_array("object_areas", (T, O), (C, O), "int64", fill_value=0)
-    store.create_array("tracked", (T,), (C,), "bool", fill_value=False)
+    # one zarr chunk per object: groups of objects tracked side by side write apart
+    store.create_array("object_scores", (T, O), (C, 1), "float32", fill_value=np.nan)
+    store.create_array("object_areas", (T, O), (C, 1), "int64", fill_value=0)
+    store.create_array("tracked", (T, O), (C, 1), "bool", fill_value=False)
     if len(masks):
         store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[
             ...
@@ -143,6 +145,7 @@ def track(
     frames=None,
     space=None,
     draft: bool = True,
+    groups: int | None = None,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
@@ -160,7 +163,13 @@ def track(
     A..B-1 only, the forward pass from max(A, earliest prompt), the reverse pass from
     min(B - 1, earliest prompt); prompts outside it still condition the tracking. `space`
     (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is
-    work to do."""
+    work to do.
+
+    `groups`: the objects are tracked in that many groups (`stages.track.groups`; one
+    under non-overlap), one after another here, side by side on Dask workers (None: one
+    here, one per worker there)."""
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1):
+        raise BadInput(f"--groups must be a positive integer, got {groups!r}")
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
@@ -187,11 +196,11 @@ def track(
         return store
     if cluster is not None:
         work = cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size)
-        cluster.track(store, pending, work, on_commit, quiet)
+        cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
     else:
         if predictor is None:
             predictor = _build_predictor(spec, weights, device, options)
-        run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet)
+        run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet, groups or 1)
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
     return store
@@ -337,28 +346,41 @@ def run_passes(
     on_commit=None,
     batch_size: int = 1,
     quiet: bool = False,
+    groups=1,
 ) -> None:
     """Run the passes `pending` of the store's tracking (prepared, with its settings recorded)
-    one after the other: in this process, or one pass per Dask task. Chunks without features
-    are encoded as the passes reach them, with a bar of their own."""
+    one after the other, each in `groups` groups of objects one after another (an int), or
+    in the one group of object slots given (a Dask task's). Chunks without features are
+    encoded as the passes reach them, with a bar of their own."""
     # torch (the tracker) only once there is tracking to do: a refusal comes first, faster
     from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
 
     settings = stored_settings(store)
     plan = store.plan
     span = Span.of(settings, plan.num_frames)
-    todo = pass_todo(store, plan, pending, span)
-    starts, prompt_chunks = prompt_reads(plan, span, todo, [p.frame for p in prompts])
-    missing = ChunkSupply.missing(store, todo, prompt_chunks)
+    units = {}  # (direction, first slot) -> the group's slots
+    for d in pending:
+        chunks = span.chunks(plan, d)
+        if isinstance(groups, int):
+            parts = object_groups(store, d, chunks, groups, settings["options"])
+        else:
+            parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
+        units.update({(d, g[0]): g for g in parts})
+    todo = {u: object_todo(store, u[0], g, span.chunks(plan, u[0])) for u, g in units.items()}
+    starts = {u: c[0] == span.chunks(plan, u[0])[0] for u, c in todo.items()}
+    prompt_chunks = unit_prompt_chunks(plan, prompts, units, starts)
+    missing = ChunkSupply.missing(store, todo, set().union(set(), *prompt_chunks.values()))
     say_cost(store, plan, missing, quiet)
+    if not units:
+        return
     precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with log.progress("encode", frames, quiet or not missing) as bar:
-        supply = ChunkSupply(store, predictor, todo, starts, prompt_chunks, batch_size, bar)
-        supply.ensure(todo[pending[0]][0])  # the features' shapes are known from then on
+        supply = ChunkSupply(store, predictor, todo, prompt_chunks, batch_size, bar)
+        supply.ensure(next(iter(todo.values()))[0])  # the features' shapes are known then
         vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
         features = StoredFeatures(store, predictor.device, vision_pos, supply.held)
-        for d in pending:
+        for (d, _), slots in units.items():
             tracker = Tracker(
                 predictor,
                 store,
@@ -371,8 +393,21 @@ def run_passes(
                 span,
                 settings["options"],
                 on_commit,
+                slots,
             )
             # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
             with autocast(predictor.device.type, precision), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
                 tracker.run(shown_by(settings["direction"], d, span.start), quiet)
+
+
+def unit_prompt_chunks(plan: ChunkPlan, prompts: list, units: dict, starts: dict) -> dict:
+    """Per group of a pass (`units`) that starts from the prompts (`starts`), the chunks of
+    its objects' prompted frames, whose features it reads; empty for the others."""
+    ids = prompt_file.object_ids(prompts)
+    out = {}
+    for u, slots in units.items():
+        mine = {ids[s] for s in slots}
+        frames = {p.frame for p in prompts if p.object_id in mine}
+        out[u] = {plan.chunk_of(f) for f in frames} if starts[u] else set()
+    return out

@@ -31,21 +31,20 @@ class ChunkSupply:
         self,
         store: RunStore,
         predictor,
-        todo: dict[str, list[int]],
-        starts: dict[str, bool],
-        prompt_chunks: list[int],
+        todo: dict,
+        prompts: dict,
         batch_size: int = 1,
         bar=None,
     ):
-        """`todo`: per pass still to run, the chunks it will track; `starts`: per pass,
-        whether it starts from the prompts (then it reads the features of `prompt_chunks`,
-        the chunks of the prompted frames) rather than from a stored memory snapshot. `bar`
-        (a progress bar) counts the frames encoded."""
+        """`todo`: per unit still to run (a pass's group of objects), the chunks it will
+        track; `prompts`: per unit, the chunks of its prompted frames, whose features it
+        reads when it starts from the prompts (empty where it starts from a stored memory
+        snapshot). `bar` (a progress bar) counts the frames encoded."""
         self.store, self.predictor, self.batch_size, self.bar = store, predictor, batch_size, bar
         self.keep = keep_setting(store)
-        self.remaining = {d: set(chunks) for d, chunks in todo.items()}
-        self.prompt_chunks = sorted(prompt_chunks)
-        self.prompts = {d: set(prompt_chunks) if starts[d] else set() for d in todo}
+        self.remaining = {u: set(chunks) for u, chunks in todo.items()}
+        self.prompts = {u: set(prompts.get(u, ())) for u in todo}
+        self.prompt_chunks = sorted(set().union(set(), *self.prompts.values()))
         from segpipe.stages.encode import FramesOnDisk  # torch: only once there is work
 
         self.frames_of = FramesOnDisk(store)
@@ -94,22 +93,26 @@ class ChunkSupply:
         """Whether chunk k's features are held or on disk (ready to read)."""
         return k in self.held or has(self.store, "features", k)
 
-    def prompted(self, direction: str) -> None:
-        """Pass `direction` has applied the prompts (read their frames' features)."""
-        chunks, self.prompts[direction] = self.prompts[direction], set()
+    def prompts_of(self, unit) -> list[int]:
+        """The chunks of `unit`'s prompted frames (it reads them applying the prompts)."""
+        return sorted(self.prompts[unit])
+
+    def prompted(self, unit) -> None:
+        """`unit` has applied the prompts (read their frames' features)."""
+        chunks, self.prompts[unit] = self.prompts[unit], set()
         for k in chunks:
             self._drop_unneeded(k)
 
-    def finished(self, direction: str) -> None:
-        """Pass `direction` has tracked all it had to."""
-        left = self.remaining[direction] | self.prompts[direction]
-        self.remaining[direction], self.prompts[direction] = set(), set()
+    def finished(self, unit) -> None:
+        """`unit` has tracked all it had to."""
+        left = self.remaining[unit] | self.prompts[unit]
+        self.remaining[unit], self.prompts[unit] = set(), set()
         for k in left:
             self._drop_unneeded(k)
 
-    def release(self, direction: str, k: int) -> None:
-        """Pass `direction` has committed chunk k."""
-        self.remaining[direction].discard(k)
+    def release(self, unit, k: int) -> None:
+        """`unit` has committed chunk k."""
+        self.remaining[unit].discard(k)
         self._drop_unneeded(k)
 
     def _drop_unneeded(self, k: int) -> None:

@@ -14,10 +14,10 @@ from segpipe import log
 from segpipe import prompts as prompt_file
 from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+from segpipe.stages.track.groups import object_todo
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
 from segpipe.store.layout import TRACK_ARRAYS
-from segpipe.store.ledger import pass_stage
 from segpipe.store.masks import packed_size, write_packed
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import ABSENT_LOGIT, OPTIONS
@@ -149,7 +149,10 @@ def apply_prompts(predictor, state: dict, prompts: list) -> None:
 
 
 class Tracker:
-    """One pass (forward or reverse) over the chunks, memory carried between them."""
+    """One pass (forward or reverse) of one group of objects over the chunks, memory carried
+    between them. `slots`: the group's objects, contiguous slots of the tracking's objects
+    (None: all of them); the group sees only its objects' prompts, as SAM 2 tracks each
+    object alone (`stages.track.groups`)."""
 
     def __init__(
         self,
@@ -164,13 +167,18 @@ class Tracker:
         span: Span,
         options: dict = OPTIONS,
         on_commit=None,
+        slots: list[int] | None = None,
     ):
         self.predictor, self.store, self.plan = predictor, store, plan
         self.direction, self.reverse = direction, direction == "reverse"
+        every = prompt_file.object_ids(prompts)
+        self.slots = list(range(len(every))) if slots is None else list(slots)
+        self.ids = [every[s] for s in self.slots]
+        prompts = [p for p in prompts if p.object_id in set(self.ids)]
+        self.unit = (direction, self.slots[0])  # what the supply counts reads by
         self.prompts, self.features, self.pos = prompts, features, [maskmem_pos_enc]
         video = store.attrs["video"]
         self.height, self.width = video["height"], video["width"]
-        self.ids = prompt_file.object_ids(prompts)
         self.span = span
         self.start = span.first(direction)
         self.threshold = float(options["score_threshold"])
@@ -187,13 +195,12 @@ class Tracker:
             store,
             direction,
             self.reach,
-            len(self.ids),
+            self.slots,
             plan.num_chunks,
             (maskmem_pos_enc.shape[1], S // 16, S // 16),
             (S // 4, S // 4),
             predictor.hidden_dim,
         )
-        self.stage = pass_stage(direction)
 
     def chunks(self) -> list[int]:
         return self.span.chunks(self.plan, self.direction)
@@ -203,7 +210,7 @@ class Tracker:
         `owned(frame)` gives to this pass. Chunks left to do need not be contiguous (a
         repair): each starts from the memory snapshot of the chunk before it."""
         chunks = self.chunks()
-        todo = self.store.ledger(self.stage).todo(chunks)
+        todo = object_todo(self.store, self.direction, self.slots, chunks)
         previous = dict(zip(chunks[1:], chunks))  # the chunk the pass visits before each
         self.after = dict(zip(todo, todo[1:]))  # the chunk to read ahead while one is tracked
         total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
@@ -218,7 +225,7 @@ class Tracker:
                 if self.on_commit is not None:  # once the chunk's buffers are freed
                     self.on_commit(self.direction, k)
                 after = k
-        self.supply.finished(self.direction)
+        self.supply.finished(self.unit)
 
     def restore(self, before: int | None) -> tuple[dict, TrackerMemory]:
         """A fresh SAM 2 state holding the memory as it was after chunk `before` (None: the
@@ -239,10 +246,10 @@ class Tracker:
             self.pos[0],
         )
         if before is None:
-            for k in self.supply.prompt_chunks:
+            for k in self.supply.prompts_of(self.unit):
                 self.supply.ensure(k)
             apply_prompts(self.predictor, state, self.prompts)
-            self.supply.prompted(self.direction)
+            self.supply.prompted(self.unit)
             for o, obj in enumerate(memory.objects):
                 cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
                 obj.prompted = {
@@ -373,15 +380,16 @@ class Tracker:
         idx = np.nonzero(mine)[0]
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
-            write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1])
+            s0, s1 = self.slots[0], self.slots[-1] + 1  # the group's zarr chunks alone
+            write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1], s0)
             # areas before scores: a reader of scores, then areas (the studio's flags), never
             # sees a frame's new score beside its area not yet written
-            self.store.array("object_areas")[a:b] = areas[idx[0] : idx[-1] + 1]
-            self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
-            self.store.array("tracked")[a:b] = True
+            self.store.array("object_areas")[a:b, s0:s1] = areas[idx[0] : idx[-1] + 1]
+            self.store.array("object_scores")[a:b, s0:s1] = scores[idx[0] : idx[-1] + 1]
+            self.store.array("tracked")[a:b, s0:s1] = True
         written = self.memstore.write_snapshot(k, memory)
-        self.store.commit(self.stage, k, list(TRACK_ARRAYS) + written)
-        self.supply.release(self.direction, k)
+        self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
+        self.supply.release(self.unit, k)
 
 
 def chunk_scores(frame_scores: dict, frames: list[int], lo: int, hi: int, O: int) -> np.ndarray:

@@ -1,0 +1,65 @@
+"""Object groups: the units a tracking pass runs in.
+
+In sam2 1.1.0 `propagate_in_video` tracks each object alone (`batch_size=1`, only the
+image features shared), so a pass over O objects can run as groups of objects, each a
+sequential pass over the chunks with its own memory, giving exactly the masks of the whole
+at the thread count each group runs with. What couples objects is the output under
+non-overlap (every object's logits of a frame): such a tracking runs as one group.
+
+Everything a group writes is its objects' own (`memory/<dir>/<slot>/`, the objects' ledgers,
+their zarr chunks of the results), so groups side by side never write one file, and each
+resumes from its objects' ledgers whatever the grouping of the run that stopped.
+"""
+
+from __future__ import annotations
+
+from segpipe.store.ledger import object_stage
+from segpipe.store.runstore import RunStore
+
+
+def split(slots: list[int], n: int) -> list[list[int]]:
+    """`slots` in `n` contiguous parts, as even as can be (the first ones one larger)."""
+    n = max(1, min(n, len(slots)))
+    q, r = divmod(len(slots), n)
+    parts, i = [], 0
+    for g in range(n):
+        size = q + (g < r)
+        parts.append(slots[i : i + size])
+        i += size
+    return parts
+
+
+def object_todo(store: RunStore, direction: str, slots: list[int], chunks: list[int]) -> list[int]:
+    """The chunks of `chunks` (in their order) some object of `slots` has not done."""
+    left = set()
+    for s in slots:
+        left.update(store.ledger(object_stage(direction, s)).todo(chunks))
+    return [k for k in chunks if k in left]
+
+
+def object_groups(
+    store: RunStore, direction: str, chunks: list[int], groups: int, options: dict
+) -> list[list[int]]:
+    """The groups (object slots, contiguous) pass `direction` runs, those with chunks left:
+    the tracking's objects in `groups` parts (one under non-overlap), each cut where its
+    objects' ledgers differ (a kill between two objects' records, or a run in other groups
+    stopped), so the objects of a group resume from one snapshot. Under non-overlap the one
+    group is every object, redoing a chunk for those that had it done (the same bits)."""
+    n = len(store.attrs["track"]["object_ids"])
+    if options["non_overlap"]:
+        every = list(range(n))
+        return [every] if object_todo(store, direction, every, chunks) else []
+    out = []
+    for part in split(list(range(n)), groups):
+        last = None
+        for s in part:
+            todo = object_todo(store, direction, [s], chunks)
+            if not todo:
+                last = None
+                continue
+            if todo == last and out:
+                out[-1].append(s)
+            else:
+                out.append([s])
+            last = todo
+    return out
