@@ -276,7 +276,6 @@ def memory_snapshots(
     O = len(ids)
     span = span or Span.whole(min(p.frame for p in prompts), T)
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
-    K = max(len(c) for c in cond.values())
     # per object (its own arrays: `memory/<dir>/<slot>/`)
     prompted = sum(
         len(c) * (4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
@@ -491,7 +490,9 @@ def _memory_estimate(snaps: dict, O: int, prompts, store, same_tracking: bool, s
             mine = {n: v for n, v in sizes.items() if n.startswith(f"memory/{d}/")}
             written = sum(v for n, v in mine.items() if n.rsplit("/", 1)[-1].startswith("recent_"))
             written -= recent_meta
-            prompted = sum(v for n, v in mine.items() if n.rsplit("/", 1)[-1].startswith("prompted_"))
+            prompted = sum(
+                v for n, v in mine.items() if n.rsplit("/", 1)[-1].startswith("prompted_")
+            )
             counted_written = sum(counted[1 : 1 + done])
             if written > 0 and counted_written > 0 and prompted > 0:
                 rest = sum(counted[1 + done :]) * written / counted_written

@@ -36,12 +36,15 @@ OFFICIAL_CONFIGS = {"sam2.1_hiera_t": "configs/sam2.1/sam2.1_hiera_t.yaml"}
 _BUILT: dict = {}
 
 
-def sam2_predictor(model: str, image_size: int, seed: int | None = None, checkpoint=None):
+def sam2_predictor(
+    model: str, image_size: int, seed: int | None = None, checkpoint=None, non_overlap=False
+):
     """SAM 2's `SAM2VideoPredictor`, built with `sam2.build_sam.build_sam2_video_predictor`
     itself (nothing of segpipe's: not its builder, not its memory cast): seeded random
     weights (`torch.manual_seed(seed)` before the build), or a checkpoint's (segpipe_tiny's
-    config is SAM 2's own format, composed from its file). One per arguments per process."""
-    key = (model, image_size, seed, str(checkpoint))
+    config is SAM 2's own format, composed from its file); `non_overlap`: SAM 2's
+    `non_overlap_masks` on (a Hydra override of the config). One per arguments per process."""
+    key = (model, image_size, seed, str(checkpoint), non_overlap)
     if key in _BUILT:
         return _BUILT[key]
     from hydra import initialize_config_dir
@@ -54,7 +57,8 @@ def sam2_predictor(model: str, image_size: int, seed: int | None = None, checkpo
     build = dict(
         ckpt_path=None if checkpoint is None else str(checkpoint),
         device="cpu",
-        hydra_overrides_extra=[f"++model.image_size={image_size}"],
+        hydra_overrides_extra=[f"++model.image_size={image_size}"]
+        + (["++model.non_overlap_masks=true"] if non_overlap else []),
     )
     if model in OFFICIAL_CONFIGS:
         predictor = build_sam2_video_predictor(OFFICIAL_CONFIGS[model], **build)

@@ -28,6 +28,7 @@ from conftest import (  # noqa: E402
     assert_same_store,
     assert_user_error,
     ledger_count,
+    ledger_records,
     require_root,
     run_args,
     segpipe,

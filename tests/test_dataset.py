@@ -251,7 +251,9 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     # the second video resumed: its chunks done before the kill were not done again
     now = tree_mtimes(out / "cows")
     assert all(now[name] == mtime for name, mtime in exported.items() if name.endswith(".png"))
-    assert (second / "ledger" / "track_forward" / "0" / "c" / "0").stat().st_mtime_ns == tracked_chunk_0
+    assert (
+        second / "ledger" / "track_forward" / "0" / "c" / "0"
+    ).stat().st_mtime_ns == tracked_chunk_0
 
 
 def test_a_bad_video_is_reported_and_the_others_go_on(dataset, tmp_path):

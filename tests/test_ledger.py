@@ -156,7 +156,14 @@ def test_a_pass_is_done_where_every_object_is(store):
     assert store.pass_ledger("forward").count() == 3
     assert store.pass_ledger("forward").is_done(3) and not store.pass_ledger("forward").is_done(5)
     store.pass_ledger("forward").undo(1)
-    assert fresh_done(store.path, "track_forward/2").tolist() == [True, False, True, True, False, True]
+    assert fresh_done(store.path, "track_forward/2").tolist() == [
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
+    ]
     assert fresh_done(store.path, "track_forward").tolist() == [True, False, False, True]
     store.set_attrs(track={"direction": "forward", "object_ids": [4, 7, 9, 11]})  # a 4th: none
     assert RunStore.open(store.path).pass_ledger("forward").count() == 0

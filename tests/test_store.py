@@ -112,7 +112,9 @@ def test_attributes_set_or_dropped_together_are_one_write(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("old", [1, 3])
-def test_a_store_of_an_older_schema_version_is_refused_in_one_line(decoded, clip_dir, tmp_path, old):
+def test_a_store_of_an_older_schema_version_is_refused_in_one_line(
+    decoded, clip_dir, tmp_path, old
+):
     """Version 1 covered layouts this segpipe no longer reads (masks in one chunk per pipeline
     chunk, attributes stores lacked), 3 kept the tracking's memory, ledgers and scores for
     all objects together (4: per object, for groups of objects): every command refuses such

@@ -414,7 +414,11 @@ class Cluster:
         seen = {d: set() for d in pending}
         # A group's reverse pass waits while the forward pass has still to write, for its
         # objects, a chunk it writes too (the start's, under `both`: see `tasks`)
-        forward = set(span.chunks(plan, "forward")) if "forward" in passes(settings["direction"]) else set()
+        forward = (
+            set(span.chunks(plan, "forward"))
+            if "forward" in passes(settings["direction"])
+            else set()
+        )
         later = {
             i: [k for k in object_todo(store, d, g, span.chunks(plan, d)) if k in forward]
             for i, (d, g) in enumerate(units)

@@ -73,7 +73,9 @@ def write_packed(store: RunStore, a: int, b: int, packed: np.ndarray, first: int
     W = arr.shape[3]
     for s in range(packed.shape[1]):
         for r0, r1 in row_bands(store):
-            arr[a:b, first + s : first + s + 1, r0:r1] = unpack_rows(packed[:, s : s + 1], W, r0, r1)
+            arr[a:b, first + s : first + s + 1, r0:r1] = unpack_rows(
+                packed[:, s : s + 1], W, r0, r1
+            )
 
 
 def write_fill(store: RunStore, a: int, b: int) -> None:

@@ -276,7 +276,10 @@ class MemoryStore:
         for slot, obj in zip(self.slots, memory.objects):
             paths = memory_arrays(self.direction, slot, "prompted")
             p = {n: self.store.read(path) for n, path in zip(PROMPTED, paths)}
-            dt = {n: self.store.array(path).attrs.get("torch_dtype") for n, path in zip(PROMPTED, paths)}
+            dt = {
+                n: self.store.array(path).attrs.get("torch_dtype")
+                for n, path in zip(PROMPTED, paths)
+            }
             obj.prompted, obj.recent = {}, {}
             for j, t in enumerate(p["frame"]):
                 if t >= 0:

@@ -168,7 +168,9 @@ def track(
     `groups`: the objects are tracked in that many groups (`stages.track.groups`; one
     under non-overlap), one after another here, side by side on Dask workers (None: one
     here, one per worker there)."""
-    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1):
+    if groups is not None and (
+        isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
+    ):
         raise BadInput(f"--groups must be a positive integer, got {groups!r}")
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:

@@ -13,8 +13,8 @@ import torch
 from segpipe import log
 from segpipe import prompts as prompt_file
 from segpipe.plan import ChunkPlan, Span
-from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 from segpipe.stages.track.groups import object_todo
+from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
 from segpipe.store.layout import TRACK_ARRAYS

@@ -1,0 +1,152 @@
+"""Objects tracked in groups (`stages.track.groups`): each group a pass of its own over the
+chunks with its own memory, and the masks and object scores bit for bit those of SAM 2's own
+`SAM2VideoPredictor` (built with `sam2.build_sam` directly) tracking every object together:
+1, 5 and 16 objects in 1, 2 and 5 groups, prompts on one frame and on different frames,
+points, boxes and masks, forward, reverse and both, chunk sizes 1 and 4, non-overlap. Here
+the groups run one after another in this process, at its thread count, as the oracle does;
+on Dask workers (side by side, at the workers' thread count) in `test_dask.py` and
+`test_dask_bits.py`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import make_sample
+import numpy as np
+import pytest
+from conftest import IMAGE_SIZE, assert_same_store, ledger_records, read_checked
+from oracle import oracle_tracking, sam2_predictor
+from PIL import Image
+from test_track import assert_matches_oracle
+
+from segpipe.stages.decode import decode
+from segpipe.stages.encode import encode
+from segpipe.stages.track.groups import object_groups, split
+from segpipe.stages.track.stage import track
+from segpipe.store.runstore import RunStore
+
+T, W, H = 12, 96, 72
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory, predictor):
+    """A 12-frame clip, encoded in chunks of 1 and of 4 (read-only: copy before tracking)."""
+    root = tmp_path_factory.mktemp("groups")
+    frames, _ = make_sample.make_clip(num_frames=T, width=W, height=H, seed=3)
+    make_sample.write_video(root / "clip.mp4", frames)
+    for C in (1, 4):
+        store = root / f"c{C}.zarr"
+        decode(root / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, quiet=True)
+        encode(store, random_weights=0, quiet=True, predictor=predictor)
+    return root
+
+
+def many_prompts(folder, n: int, frames: tuple, kinds=("points", "box", "mask")):
+    """Prompts for objects 1..n spread over the frame, object i on frames[i % len(frames)],
+    as points (one positive, one negative), a box or a mask, in turn."""
+    entries = []
+    for i in range(n):
+        frame = frames[i % len(frames)]
+        x, y = 6 + (i % 8) * 11, 10 + (i // 8) * 30
+        kind = kinds[i % len(kinds)]
+        entry = {"object": i + 1, "frame": frame}
+        if kind == "points":
+            entry.update(points=[[x, y], [x + 5, y + 9]], labels=[1, 0])
+        elif kind == "box":
+            entry.update(box=[x - 4, y - 4, x + 5, y + 7])
+        else:
+            mask = np.zeros((H, W), np.uint8)
+            mask[y - 4 : y + 6, x - 3 : x + 4] = 255
+            Image.fromarray(mask).save(folder / f"mask{i + 1}.png")
+            entry.update(mask=f"mask{i + 1}.png")
+        entries.append(entry)
+    path = folder / f"prompts{n}_{'_'.join(map(str, frames))}.json"
+    path.write_text(json.dumps({"prompts": entries}))
+    return path
+
+
+# (objects, prompted frames, direction, chunk size, groups)
+CASES = [
+    (16, (2, 5, 9), "both", 4, (1, 2, 5)),
+    (5, (4,), "forward", 1, (2, 5)),
+    (5, (3, 7), "reverse", 4, (2,)),
+    (1, (6,), "both", 1, (2,)),
+]
+
+
+@pytest.mark.parametrize("objects, frames, direction, chunk_size, groups", CASES)
+def test_groups_are_sam2s_predictor_bit_for_bit(
+    clip, predictor, tmp_path, objects, frames, direction, chunk_size, groups
+):
+    prompts = many_prompts(tmp_path, objects, frames)
+    oracle = oracle_tracking(clip / f"c{chunk_size}.zarr", prompts)
+    stores = []
+    for g in groups:
+        store = shutil.copytree(clip / f"c{chunk_size}.zarr", tmp_path / f"g{g}.zarr")
+        track(store, prompts, direction, quiet=True, predictor=predictor, groups=g)
+        assert_matches_oracle(store, oracle, direction, f"{objects} objects, {g} groups")
+        stores.append(store)
+    for store in stores[1:]:  # memory and ledgers too: a store's layout is the grouping's own
+        assert_same_store(stores[0], store)
+    # one zarr chunk per object of every per-object array (groups never share a file)
+    s = RunStore.open(stores[-1])
+    assert all(s.array(n).chunks[1] == 1 for n in ("masks", "object_scores", "tracked"))
+    folder = s.path / "memory" / ("reverse" if direction == "reverse" else "forward")
+    assert sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) == list(range(objects))
+
+
+def test_non_overlap_runs_as_one_group_and_is_sam2s(clip, tmp_path):
+    """Under non-overlap each pixel goes to the highest-scoring object of the frame, which
+    couples the objects' outputs: asked for 5 groups, the pass runs as one (every object's
+    logits of a frame together), and the masks are SAM 2's with `non_overlap_masks` on."""
+    prompts = many_prompts(tmp_path, 5, (4,))
+    store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
+    sam2 = sam2_predictor("sam2.1_hiera_t", IMAGE_SIZE, 0, non_overlap=True)
+    oracle = oracle_tracking(store, prompts, predictor=sam2)
+    track(store, prompts, "both", quiet=True, non_overlap=True, groups=5)
+    opened = RunStore.open(store)
+    assert_matches_oracle(store, oracle, "both", "non-overlap")
+    masks = read_checked(store, "masks")
+    assert (masks.sum(axis=1) <= 1).all() and masks.any()
+    settings = opened.attrs["track"]
+    assert object_groups(opened, "forward", [0, 1, 2], 5, settings["options"]) == []
+    opened.pass_ledger("forward").undo(1)
+    assert object_groups(opened, "forward", [1, 2], 5, settings["options"]) == [[0, 1, 2, 3, 4]]
+
+
+def test_a_group_resumes_from_its_own_objects_ledgers(clip, predictor, tmp_path):
+    """What a kill between two objects' records leaves (some objects of a group have a
+    chunk done, others not): the next run tracks, in groups cut where the objects' ledgers
+    differ, only what each object lacks, from its own memory snapshot, and rewrites no
+    record an object had: the store is the uninterrupted run's."""
+    prompts = many_prompts(tmp_path, 5, (1, 6))
+    whole = shutil.copytree(clip / "c4.zarr", tmp_path / "whole.zarr")
+    track(whole, prompts, "forward", quiet=True, predictor=predictor, groups=1)
+    store = shutil.copytree(whole, tmp_path / "cut.zarr")
+    opened = RunStore.open(store)
+    for slot, chunks in ((1, [2]), (2, [1, 2]), (3, [2])):  # records lost, data left
+        for k in chunks:
+            opened.ledger(f"track_forward/{slot}").undo(k)
+    options = opened.attrs["track"]["options"]
+    assert object_groups(opened, "forward", [0, 1, 2], 2, options) == [[1], [2], [3]]
+    assert object_groups(opened, "forward", [0, 1, 2], 1, options) == [[1], [2], [3]]
+    kept = {s: ledger_records(store, f"track_forward/{s}") for s in range(5)}
+    track(store, prompts, "forward", quiet=True, predictor=predictor, groups=2)
+    assert_same_store(whole, store)
+    for s, records in kept.items():
+        now = ledger_records(store, f"track_forward/{s}")
+        assert all(now[k] == t for k, t in records.items()), s  # no record written again
+        assert len(now) == 3
+    assert ledger_records(store, "track_forward").keys() == {0, 1, 2}
+
+
+def test_split_is_contiguous_and_even():
+    assert split(list(range(16)), 5) == [
+        [0, 1, 2, 3],
+        [4, 5, 6],
+        [7, 8, 9],
+        [10, 11, 12],
+        [13, 14, 15],
+    ]
+    assert split([0], 2) == [[0]] and split([0, 1, 2], 1) == [[0, 1, 2]]
