@@ -13,6 +13,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import make_sample  # noqa: E402
 
+from segpipe.store.ledger import DONE_RECORD  # noqa: E402
+
 IMAGE_SIZE = 128  # SAM 2 at 128: every property tested holds at any size, 4x cheaper
 SEED = 0
 
@@ -91,15 +93,19 @@ def ledger_records(store: Path, stage: str) -> dict[int, float]:
     """Chunk -> commit time (its record file's mtime) of the chunks `stage` has recorded,
     read from the files; a tracking pass's (one ledger per object, `ledger/<stage>/<slot>`):
     the chunks every object has recorded, at the last object's time. (A record a kill
-    interrupted is a temporary file, not counted.)"""
+    interrupted is a temporary file, not counted; nor is a record undone.)"""
     folder = Path(store) / "ledger" / stage
 
     def records(chunks: Path) -> dict[int, float]:
         if not chunks.is_dir():
             return {}
-        return {int(p.name): p.stat().st_mtime for p in chunks.iterdir() if p.name.isdigit()}
+        return {
+            int(p.name): p.stat().st_mtime
+            for p in chunks.iterdir()
+            if p.name.isdigit() and p.read_bytes() == DONE_RECORD  # (undone: a record of 0)
+        }
 
-    if not stage.startswith("track_"):
+    if stage not in ("track_forward", "track_reverse"):
         return records(folder / "c")
     slots = sorted(p for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
     if not slots:

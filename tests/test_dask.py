@@ -221,7 +221,7 @@ def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_
     assert before < sum(map(len, exported.values())) < 3 * CHUNKS  # mid-export
     rerun = segpipe(*args)
     assert rerun.returncode == 0, rerun.stderr
-    assert "dask: 2 workers (cpu); dashboard" in rerun.stderr
+    assert "dask: 2 workers (cpu, 1 torch thread each); dashboard" in rerun.stderr
     assert_same_run(reference, store)
     for stage, before in (("encode", encoded), ("track_forward", tracked), *exported.items()):
         assert all(committed(store, stage)[k] == t for k, t in before.items()), stage
@@ -273,7 +273,7 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, req
         for stale in (
             lambda: units.encode_task(path, 2, old),
             lambda: units.encode_on(begun[0], 2, old),
-            lambda: units.pass_on(begun[1], "forward", old),
+            lambda: units.pass_on(begun[1], "forward", [0, 1, 2], old),
             lambda: units.export_on(begun[2], davis, 3),
             lambda: begun[1].commit("track_forward", 5),
         ):  # data written, say
@@ -319,7 +319,7 @@ def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_pa
     with store_lock(store):  # another run took the store over
         written = tree_mtimes(store)
         with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
-            units.pass_on(begun, "forward", old)
+            units.pass_on(begun, "forward", [0, 1, 2], old)
         assert tree_mtimes(store) == written
 
 

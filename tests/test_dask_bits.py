@@ -32,16 +32,30 @@ def segpipe_unset(*args) -> subprocess.CompletedProcess:
     )
 
 
-def test_workers_match_the_single_process_run_without_omp_num_threads(small, tmp_path):
-    """`run --workers 2` and the single-process run, both started without any thread
-    variable: the same store, array for array. (Dask's nanny starts workers with
+def cores_count() -> int:
+    """Torch's thread count in a process started without any thread variable: the cores'."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    code = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return int(out.stdout.split()[-1])
+
+
+def test_workers_match_the_single_process_run_at_their_share_of_the_cores(small, tmp_path):
+    """`run --workers 2` started without any thread variable (a new user's shell) runs each
+    worker at the cores' count // 2, in processes started with it as OMP_NUM_THREADS, the
+    objects in one group per worker: the same store, array for array, as the single-process
+    run started with OMP_NUM_THREADS (MKL's, OpenBLAS's) at that count. (Dask's nanny starts workers with
     OMP_NUM_THREADS=1 and writes it into the client's own os.environ too, so the thread
     count the client sent was read after it as 1, while the single process ran at the
     cores' count: 18 of 38 arrays differed.)"""
+    share = max(1, cores_count() // 2)
     alone, spread = tmp_path / "alone.zarr", tmp_path / "spread.zarr"
-    for store, extra in ((alone, ()), (spread, ("--workers", "2"))):
-        proc = segpipe_unset(*run_args(small, store), "--export", "none", "--quiet", *extra)
-        assert proc.returncode == 0, proc.stderr
+    started = {k: str(share) for k in THREAD_VARIABLES}  # as the workers are started
+    proc = segpipe(*run_args(small, alone), "--export", "none", "--quiet", env=started)
+    assert proc.returncode == 0, proc.stderr
+    proc = segpipe_unset(*run_args(small, spread), "--export", "none", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert f"dask: 2 workers (cpu, {share} torch thread" in proc.stderr
     assert_same_store(alone, spread)
 
 

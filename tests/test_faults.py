@@ -256,15 +256,15 @@ def test_damaged_chunks_are_detected_and_repaired(small, reference, tmp_path):
     frames = chunk("frames", 1)
     frames.write_bytes(frames.read_bytes()[:50])  # truncated
     chunk("features/level1", 4).unlink()  # deleted: zarr alone would read zeros
-    flip(chunk("memory/forward/recent_maskmem", 2))
-    flip(chunk("memory/reverse/prompted_ptr", 0))
+    flip(chunk("memory/forward/0/recent_maskmem", 2))
+    flip(chunk("memory/reverse/1/prompted_ptr", 0))
     proc = segpipe("repair", "--store", store, check=True)
     for name, k in (
         ("masks", 3),
         ("frames", 1),
         ("features/level1", 4),
-        ("memory/forward/recent_maskmem", 2),
-        ("memory/reverse/prompted_ptr", 0),
+        ("memory/forward/0/recent_maskmem", 2),
+        ("memory/reverse/1/prompted_ptr", 0),
     ):
         assert f"array {name!r} chunk {k}" in proc.stderr, proc.stderr
     # the export above (to another folder) started its own export record; all else is equal

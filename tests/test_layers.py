@@ -52,6 +52,7 @@ LAYERS = {
         "segpipe.stages.encode",
         "segpipe.stages.track",
         "segpipe.stages.track.memory",
+        "segpipe.stages.track.groups",
         "segpipe.stages.track.supply",
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.stage",

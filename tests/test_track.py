@@ -134,13 +134,14 @@ def test_masks_bit_identical_to_sam2(
     assert chunk_files(store, ["masks"]) == {
         f"masks/c/{k}/{o}/0/0" for k in range(-(-T // chunk_size)) for o in range(3)
     }
-    tracked = read_checked(store, "tracked")
+    tracked = read_checked(store, "tracked")  # (T, O): per object
+    assert tracked.shape == (T, 3)
     expected = {
         "both": np.ones(T, bool),
         "forward": np.arange(T) >= 9,
         "reverse": np.arange(T) <= 9,
     }[direction]
-    assert np.array_equal(tracked, expected)
+    assert np.array_equal(tracked, np.repeat(expected[:, None], 3, axis=1))
 
 
 # (direction, window, chunk size): each window's passes as SAM 2's propagate_in_video

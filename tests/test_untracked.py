@@ -42,7 +42,7 @@ def tracked(encoded, clip_dir, predictor, tmp_path_factory):
 
 
 def chunk_file(store, name, k, obj=0):
-    """Chunk k's file (masks: object slot `obj`'s; one file per object)."""
+    """Chunk k's file of object slot `obj` (one file per object)."""
     ndim = zarr.open_group(str(store), mode="r")[name].ndim
     return store.joinpath(name, "c", str(k), *[str(obj)] * (ndim > 1), *["0"] * (ndim - 2))
 
@@ -54,11 +54,11 @@ def test_frames_no_pass_reaches_export_as_untracked(tracked, tmp_path, direction
     store = shutil.copytree(tracked[direction], tmp_path / "s.zarr")  # exports change a store
     for name in ("masks", "object_scores", "object_areas", "tracked"):
         for k in range(10):
-            for obj in range(3 if name == "masks" else 1):  # masks: a file per object
+            for obj in range(3):  # a file per object
                 assert chunk_file(store, name, k, obj).is_file(), (name, k, obj)
     reader = RunStore.open(store)
-    tracked_frames = reader.read("tracked")
-    assert not tracked_frames[list(untracked)].any() and tracked_frames[START]
+    tracked_frames = reader.read("tracked")  # per object
+    assert not tracked_frames[list(untracked)].any() and tracked_frames[START].all()
     assert np.isnan(reader.read("object_scores")[list(untracked)]).all()
     assert not reader.read("object_areas")[list(untracked)].any()
 

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Many objects: tracking seconds per frame for 1, 4, 16 and 64 objects, segpipe in one
+process, segpipe on `--workers 2` (the objects in one group per worker, side by side),
+beside SAM 2's own predictor, with peak RSS, and whether the masks and scores are the
+predictor's bit for bit at the thread count each ran with.
+
+Every configuration runs in a fresh process started as a new user's shell starts it (no
+OMP_NUM_THREADS: torch at the cores' count), on the same stored frames (decoded and encoded
+once), weights (SAM 2.1 tiny, seeded random) and prompts (a point per object on frame 0),
+forward. segpipe `track` (one process): prompts, reading embeddings, tracking, writing
+masks, scores and memory; `--workers 2`: the same plus the local cluster's start, which is
+also given apart (a run with nothing to track: the cluster, its checks, the probe); SAM 2:
+`propagate_in_video` less its image encoder. Model builds are not counted. `--workers 2`
+runs each worker at cores // 2 threads (started so), so its bits are checked against SAM 2's
+predictor in a process started with that OMP_NUM_THREADS (up to 16 objects: the check at 64
+would double the run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "data"))
+import make_sample  # noqa: E402
+from measure import measure, python, segpipe, table  # noqa: E402
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+OURS = """
+import json, sys, time, numpy as np
+import segpipe as api
+store, prompts, workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+extra = {"workers": workers} if workers else {}
+if workers:  # the cluster alone: nothing to track (the store is tracked with these prompts)
+    start = time.perf_counter()
+    api.track(store, prompts, direction="forward", progress=False, **extra)
+    cluster_s = time.perf_counter() - start
+else:
+    from segpipe.model import Weights, build_model
+    from segpipe.stages.track.stage import track
+    group = __import__("zarr").open_group(store, mode="r")
+    model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
+    cluster_s = 0.0
+start = time.perf_counter()
+if workers:
+    api.track(store, prompts, direction="forward", progress=False, force=True, **extra)
+else:
+    track(store, prompts, "forward", quiet=True, predictor=model, force=True)
+total = time.perf_counter() - start
+run = api.Run(store)
+np.savez(out, masks=np.packbits(run.masks(), axis=-1), scores=run.scores)
+print(json.dumps({"track_s": total, "cluster_s": cluster_s}))
+"""
+
+OFFICIAL = """
+import json, sys, tempfile, time, numpy as np, torch, zarr
+from PIL import Image
+from segpipe import prompts as pf
+from segpipe.model import Weights, build_model
+group = zarr.open_group(sys.argv[1], mode="r")
+a = group.attrs
+T, H, W = a["frame_count"], a["video"]["height"], a["video"]["width"]
+prompts = pf.load(sys.argv[2], T, W, H)
+model = build_model("sam2.1_hiera_t", a["image_size"], Weights(random_seed=0))
+enc = [0.0]
+def pre(*_): enc.append(time.perf_counter())
+def post(*_): enc[0] += time.perf_counter() - enc.pop()
+model.image_encoder.register_forward_pre_hook(pre)
+model.image_encoder.register_forward_hook(post)
+with tempfile.TemporaryDirectory() as tmp:
+    for t in range(T):
+        Image.fromarray(group["frames"][t]).save(f"{tmp}/{t:05d}.jpg", format="PNG")
+    state = model.init_state(video_path=tmp)
+    state["video_height"], state["video_width"] = H, W
+    for p in prompts:
+        model.add_new_points_or_box(state, p.frame, p.object_id,
+            points=np.array(p.points, np.float32), labels=np.array(p.labels, np.int32))
+    ids = pf.object_ids(prompts)
+    masks = np.zeros((T, len(ids), H, W), bool)
+    enc[0] = 0.0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for t, _, video_res in model.propagate_in_video(state):
+            masks[t] = (video_res[:, 0] > 0).numpy()
+    total = time.perf_counter() - start
+scores = np.full((T, len(ids)), np.nan, np.float32)
+for o in range(len(ids)):
+    outs = state["output_dict_per_obj"][o]
+    for t in range(T):
+        out = outs["cond_frame_outputs"].get(t) or outs["non_cond_frame_outputs"][t]
+        scores[t, o] = out["object_score_logits"].float().reshape(()).item()
+np.savez(sys.argv[3], masks=np.packbits(masks, axis=-1), scores=scores)
+print(json.dumps({"track_s": total - enc[0], "threads": torch.get_num_threads()}))
+"""
+
+
+def point_prompts(folder: Path, n: int, width: int, height: int) -> Path:
+    """A positive point per object on frame 0, on a grid over the frame."""
+    cols = int(n**0.5 + 0.999)
+    rows = -(-n // cols)
+    entries = [
+        {
+            "object": i + 1,
+            "frame": 0,
+            "points": [
+                [(i % cols + 0.5) * width / cols, (i // cols + 0.5) * height / rows],
+            ],
+            "labels": [1],
+        }
+        for i in range(n)
+    ]
+    path = folder / f"prompts{n}.json"
+    path.write_text(json.dumps({"prompts": entries}))
+    return path
+
+
+def agreement(a: Path, b: Path) -> str:
+    """'same' where masks and scores are bit for bit equal, else how they differ."""
+    import numpy as np
+
+    x, y = np.load(a), np.load(b)
+    pixels = int(np.unpackbits(x["masks"] ^ y["masks"]).sum())
+    s, t = x["scores"], y["scores"]
+    if pixels == 0 and np.array_equal(s.view(np.uint32), t.view(np.uint32)):
+        return "same"
+    return f"{pixels} px, max score diff {float(np.nanmax(np.abs(s - t))):.2g}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--objects", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--frames", type=int, default=20)
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--check-up-to", type=int, default=16, help="objects; see above")
+    args = parser.parse_args()
+    unset = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        frames, _ = make_sample.make_clip(num_frames=args.frames, width=320, height=240)
+        make_sample.write_video(tmp / "clip.mp4", frames)
+        store = tmp / "s.zarr"
+        common = ("--store", store, "--image-size", args.image_size, "--random-weights", 0)
+        _run(segpipe("run", tmp / "clip.mp4", *common, "--chunk-size", 8), unset, {})
+        _, _, out = _run(python("import torch; print(torch.get_num_threads())"), unset, {})
+        cores = int(out.split()[-1])
+        share = max(1, cores // 2)
+        for n in args.objects:
+            prompts = point_prompts(tmp, n, 320, 240)
+            res = {}
+            for name, argv, env in (
+                ("sam2", python(OFFICIAL) + [store, prompts, tmp / "sam2.npz"], {}),
+                ("one", python(OURS) + [store, prompts, 0, tmp / "one.npz"], {}),
+                ("two", python(OURS) + [store, prompts, 2, tmp / "two.npz"], {}),
+            ):
+                seconds, rss, out = _run(argv, unset, env)
+                res[name] = (json.loads(out.strip().splitlines()[-1]), rss)
+            check = "not checked"
+            if n <= args.check_up_to:
+                share_env = {k: str(share) for k in THREAD_VARIABLES}
+                _run(python(OFFICIAL) + [store, prompts, tmp / "sam2_share.npz"], unset, share_env)
+                check = agreement(tmp / "two.npz", tmp / "sam2_share.npz")
+            one, two, sam2 = (res[k][0]["track_s"] / args.frames for k in ("one", "two", "sam2"))
+            rows.append(
+                [
+                    n,
+                    sam2,
+                    one,
+                    two,
+                    res["two"][0]["cluster_s"],
+                    one / two,
+                    res["sam2"][1],
+                    res["one"][1],
+                    res["two"][1],
+                    agreement(tmp / "one.npz", tmp / "sam2.npz"),
+                    check,
+                ]
+            )
+            print(rows[-1], flush=True)
+    print(
+        f"\ntracking, sam2.1_hiera_t at {args.image_size}, {args.frames} frames, forward, CPU: "
+        f"{cores} torch threads in one process, 2 workers x {share}"
+    )
+    print(
+        table(
+            [
+                "objects",
+                "SAM 2 s/frame",
+                "segpipe s/frame",
+                "--workers 2 s/frame",
+                "cluster start s",
+                "speed-up",
+                "SAM 2 RSS MiB",
+                "segpipe RSS MiB",
+                "--workers 2 RSS MiB (largest process)",
+                "segpipe vs SAM 2",
+                f"--workers 2 vs SAM 2 at {share} thread(s)",
+            ],
+            rows,
+        )
+    )
+    print(
+        "--workers 2 s/frame does not count the cluster's start (given apart); "
+        "--object-batch is not built yet (issue 25, item 4), so it has no column"
+    )
+
+
+def _run(argv, unset: dict, env: dict):
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(unset)
+    try:
+        return measure(argv, env=env)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+if __name__ == "__main__":
+    main()
