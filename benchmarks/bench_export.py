@@ -41,7 +41,8 @@ def fake_tracked_store(store: Path, masks_for) -> None:
     for k in ChunkPlan(T, C):
         lo, hi = ChunkPlan(T, C).bounds(k)
         arr[lo:hi] = np.stack([masks_for(t) for t in range(lo, hi)])
-        s.ledger("track_forward").mark_done(k)
+        for o in range(3):  # a ledger per object
+            s.ledger(f"track_forward/{o}").mark_done(k)
     s.set_attrs(
         track={
             "prompts_sha256": "benchmark",

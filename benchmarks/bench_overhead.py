@@ -124,12 +124,16 @@ def build_store(
         "track_forward": Span.whole(start, T).chunks(plan, "forward"),
         "track_reverse": Span.whole(start, T).chunks(plan, "reverse"),
     }
+    objects = len(track["object_ids"])
     for stage in STAGES:
         chunks = done[stage]
-        arr = store.create_array(
-            f"ledger/{stage}", (max(chunks) + 1,), (1,), "uint8", compress=False
-        )
-        arr[min(chunks) : max(chunks) + 1] = 1
+        # a tracking pass keeps a ledger per object
+        names = [f"{stage}/{o}" for o in range(objects)] if stage.startswith("track") else [stage]
+        for name in names:
+            arr = store.create_array(
+                f"ledger/{name}", (max(chunks) + 1,), (1,), "uint8", compress=False
+            )
+            arr[min(chunks) : max(chunks) + 1] = 1
     return store_path, out
 
 

@@ -48,9 +48,9 @@ def fake_tracked(store: Path, masks, period: int) -> None:
     O = masks.shape[1]
     ids = list(range(1, O + 1))
     m = s.create_array("masks", (T, O, H, W), (C, 1, H, W), "bool", fill_value=False)
-    scores = s.create_array("object_scores", (T, O), (C, O), "float32", fill_value=np.nan)
-    areas = s.create_array("object_areas", (T, O), (C, O), "int64", fill_value=0)
-    tracked = s.create_array("tracked", (T,), (C,), "bool", fill_value=False)
+    scores = s.create_array("object_scores", (T, O), (C, 1), "float32", fill_value=np.nan)
+    areas = s.create_array("object_areas", (T, O), (C, 1), "int64", fill_value=0)
+    tracked = s.create_array("tracked", (T, O), (C, 1), "bool", fill_value=False)
     m.attrs["object_ids"] = ids
     for k in plan:
         lo, hi = plan.bounds(k)
@@ -59,7 +59,8 @@ def fake_tracked(store: Path, masks, period: int) -> None:
         scores[lo:hi] = np.where(chunk.any((2, 3)), 5.0, -5.0).astype(np.float32)
         areas[lo:hi] = chunk.sum((2, 3))
         tracked[lo:hi] = True
-        s.ledger("track_forward").mark_done(k)
+        for o in range(O):  # a ledger per object
+            s.ledger(f"track_forward/{o}").mark_done(k)
     s.set_attrs(
         track={
             "prompts_sha256": "benchmark",

@@ -355,8 +355,7 @@ def track(store, prompts, **options):
     \b
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
-      segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2
-      segpipe track --store clip.zarr --workers 2 --groups 3
+      segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2 --groups 3
     """
     with writing(store):
         api.track(store, prompts, **api_options(options))

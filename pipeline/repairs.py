@@ -11,7 +11,7 @@ from segpipe import log
 from segpipe.errors import DamagedStore, SegpipeError
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.store.layout import TRACK_ARRAYS, memory_arrays
-from segpipe.store.ledger import pass_stage
+from segpipe.store.ledger import object_stage
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import DROPPABLE, dropped
 from segpipe.store.runstore import RunStore
@@ -33,22 +33,25 @@ class Damage:
     array: str
     chunk: int
     reason: str
+    slot: int | None = None  # the object, in arrays a group of objects writes apart
 
 
-def _check(store: RunStore, name: str, k: int, found: list[Damage]) -> bool:
-    """Whether pipeline chunk k of `name` reads back intact: every zarr chunk of it (`masks`
-    has one per object) read and verified one at a time, so a chunk of masks is never held
-    whole."""
+def _check(store: RunStore, name: str, k: int, found: list[Damage], slot=None) -> bool:
+    """Whether pipeline chunk k of `name` (only object `slot`'s zarr chunks, with it) reads
+    back intact: every zarr chunk of it (`masks` has one per object) read and verified one
+    at a time, so a chunk of masks is never held whole."""
     arr = store.array(name)
     step = arr.chunks[0]
     lo, hi = k * step, min((k + 1) * step, arr.shape[0])
     groups = [slice(a, b) for a, b in store.col_groups(name)] if arr.ndim > 1 else []
+    if slot is not None:
+        groups = [slice(slot, slot + 1)]
     try:
         for cols in groups or [None]:
             store.read(name, lo, hi, cols=cols)
         return True
     except DamagedStore as e:
-        found.append(Damage(name, k, e.reason))
+        found.append(Damage(name, k, e.reason, slot))
         return False
 
 
@@ -56,10 +59,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     """The damaged chunks, and per stage ledger the chunks to redo."""
     found: list[Damage] = []
     redo: dict[str, set[int]] = {}
-    done = {
-        stage: store.ledger(stage).done()
-        for stage in ("decode", "encode", "track_forward", "track_reverse")
-    }
+    done = {stage: store.ledger(stage).done() for stage in ("decode", "encode")}
 
     def is_done(stage, k):  # one read of each ledger for the whole scan
         return k < len(done[stage]) and done[stage][k]
@@ -71,7 +71,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
     plan = ChunkPlan(T, C)
     for d in passes(track["direction"]):
-        _scan_pass(store, plan, track, d, is_done, found, redo)
+        _scan_pass(store, plan, track, d, found, redo)
     for k in untracked_chunks(plan, track["direction"], Span.of(track, T)):
         if not all([_check(store, name, k, found) for name in TRACK_ARRAYS]):
             redo.setdefault(UNTRACKED, set()).add(k)
@@ -100,31 +100,28 @@ def _scan_frame_arrays(store: RunStore, done: dict, is_done, found: list, redo: 
                 redo.setdefault(stage, set()).add(k)
 
 
-def _scan_pass(
-    store: RunStore, plan: ChunkPlan, track: dict, d: str, is_done, found: list, redo: dict
-) -> None:
-    """Scan pass `d`: its prompted memory, and its done chunks' results and memory."""
-    stage, chunks = pass_stage(d), Span.of(track, plan.num_frames).chunks(plan, d)
-    slots = range(len(track["object_ids"]))
-    prompted = [
-        name
-        for s in slots
-        for name in memory_arrays(d, s, "prompted")
-        if store.array(name) is not None
-    ]
-    if not all([_check(store, name, 0, found) for name in prompted]):
-        redo.setdefault(stage, set()).update(k for k in chunks if is_done(stage, k))
-    recent = [name for s in slots for name in memory_arrays(d, s, "recent")]
-    for k in chunks:
-        if not is_done(stage, k):
-            continue
-        names = [*TRACK_ARRAYS, *recent]
-        if not all([_check(store, name, k, found) for name in names]):
-            redo.setdefault(stage, set()).add(k)
-            if any(x.array in TRACK_ARRAYS and x.chunk == k for x in found):
-                for other in passes(track["direction"]):  # the chunk holds both passes' frames
-                    if is_done(pass_stage(other), k):
-                        redo.setdefault(pass_stage(other), set()).add(k)
+def _scan_pass(store: RunStore, plan: ChunkPlan, track: dict, d: str, found: list, redo: dict):
+    """Scan pass `d` object by object (each has its own ledger, memory and zarr chunks of the
+    results: groups of objects commit apart): its prompted memory, and its done chunks'
+    results and memory. A damaged chunk of the results holds both passes' frames: it is
+    redone in both, for that object."""
+    chunks = Span.of(track, plan.num_frames).chunks(plan, d)
+    for s in range(len(track["object_ids"])):
+        stage = object_stage(d, s)
+        done = store.ledger(stage).done()
+        mine = [k for k in chunks if k < len(done) and done[k]]
+        prompted = [n for n in memory_arrays(d, s, "prompted") if store.array(n) is not None]
+        if not all([_check(store, n, 0, found) for n in prompted]):
+            redo.setdefault(stage, set()).update(mine)
+        recent = memory_arrays(d, s, "recent")
+        for k in mine:
+            results = [_check(store, n, k, found, slot=s) for n in TRACK_ARRAYS]
+            if not all(results + [_check(store, n, k, found) for n in recent]):
+                redo.setdefault(stage, set()).add(k)
+            if not all(results):
+                for other in passes(track["direction"]):
+                    if store.ledger(object_stage(other, s)).is_done(k):
+                        redo.setdefault(object_stage(other, s), set()).add(k)
 
 
 @holds_store_lock
@@ -144,7 +141,8 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)
     for d in found:  # gone before the redo: a chunk written only in part is read first
-        for path in store.chunk_files(d.array, d.chunk):  # (masks: every object's)
+        cols = None if d.slot is None else slice(d.slot, d.slot + 1)  # (else every object's)
+        for path in store.chunk_files(d.array, d.chunk, cols):
             path.unlink(missing_ok=True)
     if UNTRACKED in redo:
         write_untracked(store, sorted(redo[UNTRACKED]))
@@ -164,6 +162,10 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
     if any(stage.startswith("track") for stage in redo):
         # the tracked prompts, never a studio's draft: a repair recomputes what was tracked
         track(store.path, device=device, checkpoint=checkpoint, quiet=quiet, draft=False)
-    n = sum(len(c) for c in redo.values())  # untracked chunks count as track's
-    log.result(f"repair: recomputed {log.count(n, 'chunk')} of {', '.join(sorted(redo))}", quiet)
+    # untracked chunks count as track's; a pass's chunk once, whatever objects it was for
+    redone = {(stage.split("/")[0], k) for stage, chunks in redo.items() for k in chunks}
+    stages = sorted({stage for stage, _ in redone})
+    log.result(
+        f"repair: recomputed {log.count(len(redone), 'chunk')} of {', '.join(stages)}", quiet
+    )
     return found

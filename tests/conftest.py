@@ -1,4 +1,5 @@
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def wait_for(predicate, proc, timeout=120.0):
 def ledger_records(store: Path, stage: str) -> dict[int, float]:
     """Chunk -> commit time (its record file's mtime) of the chunks `stage` has recorded,
     read from the files; a tracking pass's (one ledger per object, `ledger/<stage>/<slot>`):
-    the chunks every object has recorded, at the last object's time. (A record a kill
+    the chunks every object of the store's tracking has recorded, at the last object's time. (A record a kill
     interrupted is a temporary file, not counted; nor is a record undone.)"""
     folder = Path(store) / "ledger" / stage
 
@@ -107,10 +108,11 @@ def ledger_records(store: Path, stage: str) -> dict[int, float]:
 
     if stage not in ("track_forward", "track_reverse"):
         return records(folder / "c")
-    slots = sorted(p for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
-    if not slots:
+    attrs = json.loads((Path(store) / "zarr.json").read_text())["attributes"]
+    objects = len((attrs.get("track") or {}).get("object_ids", ()))
+    if not objects:
         return {}
-    each = [records(p / "c") for p in slots]
+    each = [records(folder / str(s) / "c") for s in range(objects)]
     common = set(each[0]).intersection(*each[1:])
     return {k: max(r[k] for r in each) for k in sorted(common)}
 

@@ -133,9 +133,10 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
     small, reference, cluster, tmp_path
 ):
     """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
-    again while it runs the forward pass. Dask runs the lost tasks again on a worker that
-    lives; the encode task encodes its chunk, the pass resumes from its last committed
-    chunk; the store and exports are the single-process run's."""
+    again while it runs the forward pass (of one of the two groups of objects, one per
+    worker). Dask runs the lost tasks again on a worker that lives; the encode task encodes
+    its chunk, the group's pass resumes from its objects' last committed chunk; the store
+    and exports are the single-process run's."""
     store = tmp_path / "clip.zarr"
     proc = subprocess.Popen(
         [
@@ -156,9 +157,12 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
     tracked, pass_kill = kill_worker_running(
         cluster, "track-forward-", store, "track_forward", forward, proc
     )
+    objects = {s: committed(store, f"track_forward/{s}") for s in range(3)}  # 2 groups
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert_same_run(reference, store)
+    for s, before in objects.items():  # each group resumed from its objects' own records
+        assert all(committed(store, f"track_forward/{s}")[k] == t for k, t in before.items()), s
     for stage, before, killed_at in (
         ("encode", encoded, encode_kill),
         ("track_forward", tracked, pass_kill),
@@ -225,10 +229,11 @@ def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_
     assert_same_run(reference, store)
     for stage, before in (("encode", encoded), ("track_forward", tracked), *exported.items()):
         assert all(committed(store, stage)[k] == t for k, t in before.items()), stage
-    forward_commit = committed(store, "track_forward")[1]
-    reverse_start = (store / "memory" / "reverse" / "prompted_frame" / "zarr.json").stat().st_mtime
-    assert reverse_start >= forward_commit
-    assert committed(store, "track_reverse")[1] >= forward_commit
+    for s in range(3):  # each group's reverse pass waited for its objects' forward chunk 1
+        forward_commit = committed(store, f"track_forward/{s}")[1]
+        prompted = store / "memory" / "reverse" / str(s) / "prompted_frame" / "zarr.json"
+        assert prompted.stat().st_mtime >= forward_commit
+        assert committed(store, f"track_reverse/{s}")[1] >= forward_commit
 
 
 def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, request):
@@ -275,7 +280,7 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, req
             lambda: units.encode_on(begun[0], 2, old),
             lambda: units.pass_on(begun[1], "forward", [0, 1, 2], old),
             lambda: units.export_on(begun[2], davis, 3),
-            lambda: begun[1].commit("track_forward", 5),
+            lambda: begun[1].commit_objects("forward", 5, [0, 1, 2], [], []),
         ):  # data written, say
             with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
                 stale()
@@ -295,7 +300,7 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, req
 def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_path, request):
     """A tracking-pass task whose run was taken over, started before (its store opened under
     the old lease) and resuming the pass from its first chunk: the first thing it writes is
-    the pass's prompted memory (`memory/forward/prompted_*`), which every later resume reads.
+    the pass's prompted memory (`memory/forward/<slot>/prompted_*`), which every later resume reads.
     The lease inside the store refuses that write too; no file of the store changes."""
     import torch
 

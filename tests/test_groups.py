@@ -15,7 +15,7 @@ import shutil
 import make_sample
 import numpy as np
 import pytest
-from conftest import IMAGE_SIZE, assert_same_store, ledger_records, read_checked
+from conftest import IMAGE_SIZE, assert_same_store, ledger_records, read_checked, tree_digest
 from oracle import oracle_tracking, sam2_predictor
 from PIL import Image
 from test_track import assert_matches_oracle
@@ -68,7 +68,7 @@ def many_prompts(folder, n: int, frames: tuple, kinds=("points", "box", "mask"))
 
 # (objects, prompted frames, direction, chunk size, groups)
 CASES = [
-    (16, (2, 5, 9), "both", 4, (2, 5)),  # 1 group: every other tracking test
+    (16, (1, 5, 9), "forward", 4, (5,)),  # 1 group: every other tracking test
     (5, (4,), "forward", 1, (2, 5)),
     (5, (3, 7), "reverse", 4, (2,)),
     (1, (6,), "both", 1, (2,)),
@@ -80,7 +80,8 @@ def test_groups_are_sam2s_predictor_bit_for_bit(
     clip, predictor, tmp_path, objects, frames, direction, chunk_size, groups
 ):
     prompts = many_prompts(tmp_path, objects, frames)
-    oracle = oracle_tracking(clip / f"c{chunk_size}.zarr", prompts)
+    passes = ("forward", "reverse") if direction == "both" else (direction,)
+    oracle = oracle_tracking(clip / f"c{chunk_size}.zarr", prompts, directions=passes)
     stores = []
     for g in groups:
         store = shutil.copytree(clip / f"c{chunk_size}.zarr", tmp_path / f"g{g}.zarr")
@@ -99,21 +100,93 @@ def test_groups_are_sam2s_predictor_bit_for_bit(
 def test_non_overlap_runs_as_one_group_and_is_sam2s(clip, tmp_path):
     """Under non-overlap each pixel goes to the highest-scoring object of the frame, which
     couples the objects' outputs: asked for 5 groups, the pass runs as one (every object's
-    logits of a frame together), and the masks are SAM 2's with `non_overlap_masks` on."""
-    prompts = many_prompts(tmp_path, 5, (4,))
+    logits of a frame together), and the masks are SAM 2's with `non_overlap_masks` on (on
+    prompts whose masks overlap without it: groups tracked apart would differ). One object
+    lacking a chunk redoes it with all of them, to the same store."""
+    prompts = many_prompts(tmp_path, 5, (4,), kinds=("box",))
+    entries = json.loads(prompts.read_text())["prompts"]
+    for e in entries:  # boxes that overlap their neighbours'
+        x0, y0, x1, y1 = e["box"]
+        e["box"] = [max(0, x0 - 8), y0, min(W - 1, x1 + 8), min(H - 1, y1 + 20)]
+    prompts.write_text(json.dumps({"prompts": entries}))
     store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
     sam2 = sam2_predictor("sam2.1_hiera_t", IMAGE_SIZE, 0, non_overlap=True)
     oracle = oracle_tracking(store, prompts, predictor=sam2)
+    overlapping = oracle_tracking(store, prompts)  # SAM 2 without non-overlap
+    assert (overlapping.masks["both"].sum(axis=1) > 1).any()  # it matters here
     track(store, prompts, "both", quiet=True, non_overlap=True, groups=5)
-    opened = RunStore.open(store)
     assert_matches_oracle(store, oracle, "both", "non-overlap")
-    masks = read_checked(store, "masks")
-    assert (masks.sum(axis=1) <= 1).all() and masks.any()
+    assert (read_checked(store, "masks").sum(axis=1) <= 1).all()
+    opened = RunStore.open(store)
     settings = opened.attrs["track"]
     forward = [1, 2]  # from frame 4 on, in chunks of 4
     assert object_groups(opened, "forward", forward, 5, settings["options"]) == []
+    before = shutil.copytree(store, tmp_path / "before.zarr")
     opened.ledger("track_forward/3").undo(2)  # one object lacks a chunk: all of them redo it
     assert object_groups(opened, "forward", forward, 5, settings["options"]) == [[0, 1, 2, 3, 4]]
+    track(store, prompts, "both", quiet=True, non_overlap=True, groups=5)
+    assert_same_store(before, store)
+
+
+def test_objects_from_their_own_starts_in_groups(clip, predictor, tmp_path):
+    """`object_start="own"` (each object tracked from its own first prompt, as
+    vos_inference tracks objects that appear later; compared with vos_inference itself in
+    test_dataset.py): the same store in 1 group and in 3."""
+    prompts = many_prompts(tmp_path, 5, (1, 4, 7))
+    stores = []
+    for g in (1, 3):
+        store = shutil.copytree(clip / "c4.zarr", tmp_path / f"g{g}.zarr")
+        track(store, prompts, "forward", quiet=True, object_start="own", groups=g)
+        stores.append(store)
+    assert_same_store(*stores)
+    scores = read_checked(stores[1], "object_scores")
+    assert np.isnan(scores[:4, 1]).all() and not np.isnan(scores[4:, 1]).any()
+
+
+def test_run_in_groups_exports_each_chunk_once_every_group_has_it(clip, tmp_path):
+    """`run --groups 2` in one process: the groups run one after another, and a chunk is
+    exported only once the last group has committed it (exporting after the first group
+    read the other groups' masks before they were written): the run's store and exports
+    are those of the run in one group."""
+    import segpipe as api
+
+    prompts = many_prompts(tmp_path, 5, (2, 6))
+    runs = []
+    for g in (1, 2):
+        store = tmp_path / f"g{g}" / "s.zarr"
+        settings = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
+        api.run(clip / "clip.mp4", store, prompts, exports=["davis"], groups=g, **settings)
+        runs.append(store)
+    assert_same_store(*runs, skip_attrs=("exports",))
+    a, b = (tree_digest(r.with_name("s.export")) for r in runs)
+    assert a == b and len([n for n in a if n.endswith(".png")]) == T
+
+
+def test_repair_finds_damage_in_a_chunk_only_some_objects_have_done(clip, predictor, tmp_path):
+    """Groups commit apart, so a chunk can be done for some objects only (a kill between
+    two groups): `repair` checks each object's done chunks, its memory and its own zarr
+    chunks of the results, and redoes exactly those, for that object."""
+    import segpipe as api
+
+    prompts = many_prompts(tmp_path, 4, (1,))
+    whole = shutil.copytree(clip / "c4.zarr", tmp_path / "whole.zarr")
+    track(whole, prompts, "forward", quiet=True, predictor=predictor, groups=2)
+    store = shutil.copytree(whole, tmp_path / "damaged.zarr")
+    opened = RunStore.open(store)
+    opened.ledger("track_forward/3").undo(2)  # chunk 2: done for objects 0..2 only
+    name = "memory/forward/0/recent_maskmem"
+    victim = opened.chunk_file(name, 2, opened.array(name).ndim)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    scores = store / "object_scores" / "c" / "2" / "1"  # object 1's scores of chunk 2
+    scores.unlink()
+    found = api.repair(store, progress=False)
+    assert {(d.array, d.chunk, d.slot) for d in found} == {
+        ("memory/forward/0/recent_maskmem", 2, None),
+        ("object_scores", 2, 1),
+    }
+    assert_same_store(whole, store)
 
 
 def test_a_group_resumes_from_its_own_objects_ledgers(clip, predictor, tmp_path):

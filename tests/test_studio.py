@@ -462,9 +462,9 @@ def test_masks_come_grey_under_255_objects_and_as_rgb_from_then_on(store):
         for o in range(O):
             masks[:, o, o % H, : o % W + 1] = True
         group.create_array("masks", data=masks, chunks=(4, 1, H, W))
-        group.create_array("object_scores", data=np.ones((T, O), np.float32), chunks=(4, O))
-        group.create_array("object_areas", data=masks.sum((2, 3)), chunks=(4, O))
-        group.create_array("tracked", data=np.ones(T, bool), chunks=(4,))
+        group.create_array("object_scores", data=np.ones((T, O), np.float32), chunks=(4, 1))
+        group.create_array("object_areas", data=masks.sum((2, 3)), chunks=(4, 1))
+        group.create_array("tracked", data=np.ones((T, O), bool), chunks=(4, 1))
         group.attrs["track"] = {
             "prompts_sha256": "set by the test",
             "direction": "forward",

@@ -63,11 +63,11 @@ def connect(
             from segpipe.store.lock import store_lock
 
             stack.enter_context(store_lock(store))
-        threads = worker_threads()  # before a local cluster's nanny touches os.environ
-        if workers is not None:  # N workers on these cores: their share each
-            threads = max(1, threads // workers)
+        own = worker_threads()  # before a local cluster's nanny touches os.environ
+        # N workers on these cores: their share each
+        threads = own if workers is None else max(1, own // workers)
         client = stack.enter_context(_client(workers, scheduler, threads))
-        cluster = Cluster(client, threads, local=workers is not None)
+        cluster = Cluster(client, threads, local=workers is not None, own=own)
         cluster.check(device, store, paths)
         cluster.check_bits()
         each = f", {log.count(threads, 'torch thread')} each" if cluster.device == "cpu" else ""
@@ -94,6 +94,10 @@ def worker_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def _said(environ: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in environ.items() if v is not None) or "none set"
 
 
 def _thread_environment() -> str:
@@ -127,7 +131,9 @@ def _client(workers: int | None, scheduler: str | None, threads: int = 1):
         # And with OMP_NUM_THREADS=1 (and MKL's, OpenBLAS's): the nanny also writes those
         # into this process's os.environ, so the client's thread count read after it was 1
         # where a single-process run uses the cores. The workers start with their share of
-        # the cores in all three (`worker_threads`), which the client reads before.
+        # the cores in all three (`worker_threads`), which the client reads before: in the
+        # nanny's settings, and in this process's environment while the cluster runs (the
+        # nanny takes a variable set here over its settings), put back after.
         environ = {
             k: v
             for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
@@ -135,6 +141,7 @@ def _client(workers: int | None, scheduler: str | None, threads: int = 1):
         }
         environ.update({k: str(threads) for k in THREAD_VARIABLES})
         with ExitStack() as stack:
+            stack.enter_context(_environment({k: str(threads) for k in THREAD_VARIABLES}))
             stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ}))
             with _sigint_ignored():  # inherited by the workers: see there
                 local = stack.enter_context(
@@ -164,6 +171,21 @@ def _client(workers: int | None, scheduler: str | None, threads: int = 1):
         except TimeoutError:
             raise BadInput(f"the Dask scheduler at {scheduler} has no workers") from None
         yield client
+
+
+@contextmanager
+def _environment(values: dict):
+    """`values` in os.environ for the block; the variables as they were after it."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextmanager
@@ -207,8 +229,9 @@ def _dashboard(client, workers: int | None) -> str:
 class Cluster:
     """The client, and the futures it waits for."""
 
-    def __init__(self, client, threads: int, local: bool = False):
+    def __init__(self, client, threads: int, local: bool = False, own: int | None = None):
         self.client, self.threads, self.local = client, threads, local
+        self.own = threads if own is None else own  # this process's count, as started
         self.device = None  # the workers' device type (checked alike on every worker)
         self.size = 0
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
@@ -257,7 +280,7 @@ class Cluster:
         from segpipe.model import thread_probe
 
         mine = None
-        if not self.local or self.threads == worker_threads():
+        if not self.local or self.threads == self.own:
             before = torch.get_num_threads()
             torch.set_num_threads(self.threads)
             try:
@@ -277,12 +300,17 @@ class Cluster:
             for n, w in enumerate(workers)
         ]
         for worker, (digest, environ) in zip(workers, self.client.gather(futures)):
+            started = {environ.get(k) for k in THREAD_VARIABLES}
+            if self.local and started != {str(self.threads)}:
+                raise SegpipeError(
+                    f"Dask worker {worker} started with other thread variables than the "
+                    f"{self.threads} it was given ({_said(environ)}): report this as a bug"
+                )
             mine = digest if mine is None else mine  # a local cluster's first worker
             if digest != mine:
-                said = ", ".join(f"{k}={v}" for k, v in environ.items() if v is not None)
                 raise BadInput(
                     f"Dask worker {worker} computes other bits than this process at "
-                    f"{self.threads} torch threads (its thread environment: {said or 'none set'}"
+                    f"{self.threads} torch threads (its thread environment: {_said(environ)}"
                     f"; here: {_thread_environment()}): start the workers with this "
                     f"process's OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS"
                 )
@@ -387,7 +415,7 @@ class Cluster:
         moves the bar and goes to `on_commit(direction, k)` (`run` exports it then)."""
         from segpipe.stages.track.groups import object_groups, object_todo
         from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads
-        from segpipe.store.ledger import object_stage
+        from segpipe.store.ledger import is_done_record, pass_stage
 
         refuse_on_dask(keep_setting(store), store.path)
         settings = store.attrs["track"]
@@ -412,6 +440,14 @@ class Cluster:
         ]
         frames = {d: {k: span.count_in(d, *plan.bounds(k)) for k in todo[d]} for d in pending}
         seen = {d: set() for d in pending}
+        slots = range(len(settings["object_ids"]))
+
+        def record(d, s, k):  # one object's record of chunk k: one file read
+            return is_done_record(store.path / "ledger" / pass_stage(d) / str(s) / "c" / str(k))
+
+        # per pass and object, how far into the pass's chunks left it has committed: a group
+        # commits its chunks in the pass's order, so each look reads about one file an object
+        reached = {(d, s): 0 for d in pending for s in slots}
         # A group's reverse pass waits while the forward pass has still to write, for its
         # objects, a chunk it writes too (the start's, under `both`: see `tasks`)
         forward = (
@@ -432,20 +468,20 @@ class Cluster:
 
         def ready(i):
             _, g = units[i]
-            return all(
-                store.ledger(object_stage("forward", s)).reread().is_done(k)
-                for s in g
-                for k in later[i]
-            )
+            return all(record("forward", s, k) for s in g for k in later[i])
 
         with log.progress("track", sum(sum(f.values()) for f in frames.values()), quiet) as bar:
             futures = [send(i) for i in range(len(units)) if not later.get(i)]
 
             def look():
                 for d in pending:
-                    done = store.pass_ledger(d).reread().done()
-                    for k in todo[d]:
-                        if k < len(done) and done[k] and k not in seen[d]:
+                    for s in slots:
+                        i = reached[d, s]
+                        while i < len(todo[d]) and record(d, s, todo[d][i]):
+                            i += 1
+                        reached[d, s] = i
+                    for k in todo[d][: min(reached[d, s] for s in slots)]:
+                        if k not in seen[d]:
                             seen[d].add(k)
                             bar.update(frames[d][k])
                             if on_commit is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import google_crc32c  # zarr's own crc32c implementation (Crc32cCodec)
@@ -44,6 +45,16 @@ def _record(value: int) -> bytes:
 
 
 DONE_RECORD = _record(1)  # the only chunk file that reads back as 1 (done)
+
+
+def is_done_record(path: Path) -> bool:
+    """Whether the ledger's chunk file at `path` records its chunk done (one file read: a
+    watcher's look at one chunk, without reading the whole ledger again)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(DONE_RECORD) + 1) == DONE_RECORD
+    except OSError:
+        return False
 
 
 class Ledger:

@@ -239,6 +239,8 @@ class RunStore:
         would silently return fill) or a chunk failing its crc32c check raises `DamagedStore`
         naming the array and (pipeline) chunk."""
         arr = self.array(name)
+        if arr is None:  # (a reset under way, read from another thread or process)
+            raise DamagedStore(self.path, name, 0, "is missing (the whole array)")
         lo = 0 if lo is None else lo
         hi = arr.shape[0] if hi is None else hi
         step = arr.chunks[0]
@@ -272,7 +274,7 @@ class RunStore:
     def _which(self, name: str, path: Path) -> str:
         """Which file of a pipeline chunk, where the chunk has several (masks: one per object)."""
         arr = self.array(name)
-        if all(c >= n for c, n in zip(arr.chunks[1:], arr.shape[1:])):
+        if arr is None or all(c >= n for c, n in zip(arr.chunks[1:], arr.shape[1:])):
             return ""
         return f" (zarr chunk {path.relative_to(self.path / name).as_posix()})"
 

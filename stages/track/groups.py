@@ -49,17 +49,22 @@ def object_groups(
     if options["non_overlap"]:
         every = list(range(n))
         return [every] if object_todo(store, direction, every, chunks) else []
-    out = []
-    for part in split(list(range(n)), groups):
-        last = None
-        for s in part:
-            todo = object_todo(store, direction, [s], chunks)
-            if not todo:
-                last = None
-                continue
-            if todo == last and out:
-                out[-1].append(s)
-            else:
-                out.append([s])
-            last = todo
+    return [
+        g for part in split(list(range(n)), groups) for g in cut(store, direction, chunks, part)
+    ]
+
+
+def cut(store: RunStore, direction: str, chunks: list[int], slots: list[int]) -> list[list[int]]:
+    """`slots` (contiguous) cut where its objects' ledgers differ on `chunks`, leaving out
+    the objects with nothing to do: each part's objects resume from one snapshot, and none
+    redoes a chunk it has done (a Dask task run again after its worker died cuts its group
+    so too)."""
+    out, last = [], None
+    for s in slots:
+        todo = object_todo(store, direction, [s], chunks)
+        if todo and todo == last:
+            out[-1].append(s)
+        elif todo:
+            out.append([s])
+        last = todo or None
     return out

@@ -35,12 +35,12 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
-from segpipe.stages.track.groups import object_groups, object_todo
+from segpipe.stages.track.groups import cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_chunks, write_fill
-from segpipe.store.retention import on_disk, sweep
+from segpipe.store.retention import keep_setting, on_disk, sweep
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import stored_source
 from segpipe.store.tracking import (
@@ -196,6 +196,13 @@ def track(
         sweep(store)
         log.info("track: already complete", quiet)
         return store
+    if cluster is None and (groups or 1) > 1 and keep_setting(store) == "masks":
+        log.info(
+            "track: one group here under --keep masks (each group would read every chunk's "
+            "features, which would then all be written)",
+            quiet,
+        )
+        groups = 1
     if cluster is not None:
         work = cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size)
         cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
@@ -365,8 +372,10 @@ def run_passes(
         chunks = span.chunks(plan, d)
         if isinstance(groups, int):
             parts = object_groups(store, d, chunks, groups, settings["options"])
-        else:
+        elif settings["options"]["non_overlap"]:  # every object together, whatever each has
             parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
+        else:
+            parts = cut(store, d, chunks, list(groups))
         units.update({(d, g[0]): g for g in parts})
     todo = {u: object_todo(store, u[0], g, span.chunks(plan, u[0])) for u, g in units.items()}
     starts = {u: c[0] == span.chunks(plan, u[0])[0] for u, c in todo.items()}
@@ -375,6 +384,13 @@ def run_passes(
     say_cost(store, plan, missing, quiet)
     if not units:
         return
+    if on_commit is not None:  # a chunk is the pass's once every group has committed it
+        each = on_commit
+
+        def on_commit(d, k):
+            if store.pass_ledger(d).is_done(k):
+                each(d, k)
+
     precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with log.progress("encode", frames, quiet or not missing) as bar:
