@@ -15,7 +15,7 @@ import shutil
 import make_sample
 import numpy as np
 import pytest
-from conftest import IMAGE_SIZE, assert_same_store, ledger_records, read_checked, tree_digest
+from conftest import assert_same_store, ledger_records, read_checked, tree_digest
 from oracle import oracle_tracking, sam2_predictor
 from PIL import Image
 from test_track import assert_matches_oracle
@@ -27,6 +27,14 @@ from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
 
 T, W, H = 12, 96, 72
+SIZE = 64  # SAM 2 at 64: a quarter of the tests' usual 128 (objects are what is tested here)
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    from segpipe.model import Weights, build_model
+
+    return build_model("sam2.1_hiera_t", SIZE, Weights(random_seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,7 @@ def clip(tmp_path_factory, predictor):
     make_sample.write_video(root / "clip.mp4", frames)
     for C in (1, 4):
         store = root / f"c{C}.zarr"
-        decode(root / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, quiet=True)
+        decode(root / "clip.mp4", store, chunk_size=C, image_size=SIZE, quiet=True)
         encode(store, random_weights=0, quiet=True, predictor=predictor)
     return root
 
@@ -110,7 +118,7 @@ def test_non_overlap_runs_as_one_group_and_is_sam2s(clip, tmp_path):
         e["box"] = [max(0, x0 - 8), y0, min(W - 1, x1 + 8), min(H - 1, y1 + 20)]
     prompts.write_text(json.dumps({"prompts": entries}))
     store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
-    sam2 = sam2_predictor("sam2.1_hiera_t", IMAGE_SIZE, 0, non_overlap=True)
+    sam2 = sam2_predictor("sam2.1_hiera_t", SIZE, 0, non_overlap=True)
     oracle = oracle_tracking(store, prompts, predictor=sam2)
     overlapping = oracle_tracking(store, prompts)  # SAM 2 without non-overlap
     assert (overlapping.masks["both"].sum(axis=1) > 1).any()  # it matters here
@@ -154,7 +162,7 @@ def test_run_in_groups_exports_each_chunk_once_every_group_has_it(clip, tmp_path
     runs = []
     for g in (1, 2):
         store = tmp_path / f"g{g}" / "s.zarr"
-        settings = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
+        settings = dict(chunk_size=4, image_size=SIZE, random_weights=0, progress=False)
         api.run(clip / "clip.mp4", store, prompts, exports=["davis"], groups=g, **settings)
         runs.append(store)
     assert_same_store(*runs, skip_attrs=("exports",))
