@@ -28,7 +28,7 @@ WORKERS ?= auto
 test: install
 	@$(PY) -c "import torch, sam2, zarr, av; print(f'tested with torch {torch.__version__}, sam2 1.1.0, zarr {zarr.__version__}, PyAV {av.__version__}')"
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install
 	for b in startup decode encode track export overhead 4k dask; do $(PY) benchmarks/bench_$$b.py || exit 1; done

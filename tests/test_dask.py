@@ -292,7 +292,7 @@ def test_a_task_whose_run_was_taken_over_writes_nothing(reference, tmp_path, req
         assert after.attrs["exports"] == record
         assert [after.ledger(stage).is_done(k) for stage, k in todo.items()] == [False] * 3
         units.encode_task(path, 2, new)
-        units.pass_task(path, "forward", new)
+        units.pass_task(path, "forward", [0, 1, 2], new)
         units.export_task(path, davis, 3, new)
     assert_same_run(reference, store)
 

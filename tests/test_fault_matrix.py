@@ -99,6 +99,7 @@ def commands(video: Path, store: Path, workers: list) -> dict:
     settings with --force (the whole store); those two with `workers`."""
     base = [*run_args(video.parent, store), "--export", EXPORTS]
     base[1] = video
+    base[base.index("--image-size") + 1] = 64  # kills at set points: any size will do
     two = store.parent / "two.json"
     entries = json.loads((video.parent / "prompts.json").read_text())["prompts"][:2]
     two.write_text(json.dumps({"prompts": entries}))
