@@ -209,9 +209,10 @@ def dask_options(f):
         default=None,
         metavar="N",
         help="Run on a local Dask cluster of N worker processes, one task at a "
-        "time each, at this process's torch thread count (OMP_NUM_THREADS "
-        "where set: cores/N keeps them off each other's cores) "
-        "(pip install 'segpipe[dask]').  [default: one process, no Dask]",
+        "time each, each at this process's torch thread count // N (OMP_NUM_THREADS "
+        "where set, else the cores'): its results are those of one process started "
+        "with OMP_NUM_THREADS at that count (pip install 'segpipe[dask]').  "
+        "[default: one process, no Dask]",
     )(f)
     return f
 
