@@ -41,6 +41,9 @@ def _check(store: RunStore, name: str, k: int, found: list[Damage], slot=None) -
     back intact: every zarr chunk of it (`masks` has one per object) read and verified one
     at a time, so a chunk of masks is never held whole."""
     arr = store.array(name)
+    if arr is None:  # the whole array gone (its zarr.json too)
+        found.append(Damage(name, k, "is missing (the whole array)", slot))
+        return False
     step = arr.chunks[0]
     lo, hi = k * step, min((k + 1) * step, arr.shape[0])
     groups = [slice(a, b) for a, b in store.col_groups(name)] if arr.ndim > 1 else []
@@ -141,6 +144,8 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)
     for d in found:  # gone before the redo: a chunk written only in part is read first
+        if store.array(d.array) is None:  # the whole array is gone: made again by the redo
+            continue
         cols = None if d.slot is None else slice(d.slot, d.slot + 1)  # (else every object's)
         for path in store.chunk_files(d.array, d.chunk, cols):
             path.unlink(missing_ok=True)

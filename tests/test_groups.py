@@ -189,10 +189,12 @@ def test_repair_finds_damage_in_a_chunk_only_some_objects_have_done(clip, predic
     victim.write_bytes(bytes(data))
     scores = store / "object_scores" / "c" / "2" / "1"  # object 1's scores of chunk 2
     scores.unlink()
+    shutil.rmtree(store / "memory" / "forward" / "2" / "recent_score")  # a whole array
     found = api.repair(store, progress=False)
     assert {(d.array, d.chunk, d.slot) for d in found} == {
         ("memory/forward/0/recent_maskmem", 2, None),
         ("object_scores", 2, 1),
+        *(("memory/forward/2/recent_score", k, None) for k in (0, 1, 2)),
     }
     assert_same_store(whole, store)
 
