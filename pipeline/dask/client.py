@@ -139,9 +139,10 @@ def _client(workers: int | None, scheduler: str | None, threads: int = 1):
             for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()
             if k != "MALLOC_TRIM_THRESHOLD_"
         }
-        environ.update({k: str(threads) for k in THREAD_VARIABLES})
+        share = {k: str(threads) for k in THREAD_VARIABLES}
+        environ.update(share)
         with ExitStack() as stack:
-            stack.enter_context(_environment({k: str(threads) for k in THREAD_VARIABLES}))
+            stack.enter_context(_environment(share))
             stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": environ}))
             with _sigint_ignored():  # inherited by the workers: see there
                 local = stack.enter_context(

@@ -38,7 +38,12 @@ def object_todo(store: RunStore, direction: str, slots: list[int], chunks: list[
 
 
 def object_groups(
-    store: RunStore, direction: str, chunks: list[int], groups: int, options: dict
+    store: RunStore,
+    direction: str,
+    chunks: list[int],
+    groups: int,
+    options: dict,
+    together: bool = False,
 ) -> list[list[int]]:
     """The groups (object slots, contiguous) pass `direction` runs, those with chunks left:
     the tracking's objects in `groups` parts (one under non-overlap), each cut where its
@@ -46,7 +51,7 @@ def object_groups(
     stopped), so the objects of a group resume from one snapshot. Under non-overlap the one
     group is every object, redoing a chunk for those that had it done (the same bits)."""
     n = len(store.attrs["track"]["object_ids"])
-    if options["non_overlap"]:
+    if options["non_overlap"] or together:  # (together: `--keep masks` in one process)
         every = list(range(n))
         return [every] if object_todo(store, direction, every, chunks) else []
     return [

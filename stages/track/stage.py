@@ -370,14 +370,12 @@ def run_passes(
     units = {}  # (direction, first slot) -> the group's slots
     for d in pending:
         chunks = span.chunks(plan, d)
-        if isinstance(groups, int) and keep_setting(store) == "masks":
-            # one group here: groups read each chunk's features once each, which would then
-            # all be written; objects ahead of others (a run in groups that stopped) redo
-            # their chunks, bit for bit
-            every = list(range(len(settings["object_ids"])))
-            parts = [every] if object_todo(store, d, every, chunks) else []
-        elif isinstance(groups, int):
-            parts = object_groups(store, d, chunks, groups, settings["options"])
+        if isinstance(groups, int):
+            # under --keep masks one group here: groups read each chunk's features once
+            # each, which would then all be written; objects ahead of others (a run in
+            # groups that stopped) redo their chunks, bit for bit
+            together = keep_setting(store) == "masks"
+            parts = object_groups(store, d, chunks, groups, settings["options"], together)
         elif settings["options"]["non_overlap"]:  # every object together, whatever each has
             parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
         else:
