@@ -63,16 +63,18 @@ def write_video(
     encoder_options: dict | None = None,
 ) -> None:
     """Write frames with PyAV; the container follows the suffix (.mp4, .mkv, .ts, .avi ...).
-    libx264 gives a faststart MP4; ffv1 (in .mkv) is lossless RGB; `encoder_options` go to the
-    encoder (e.g. {"g": "48", "bf": "2"})."""
+    libx264 gives a faststart MP4, the same bytes on every machine (x264 on one thread: by
+    default it runs as many as the CPUs the process may use, and its output follows their
+    number); ffv1 (in .mkv) is lossless RGB; `encoder_options` go to the encoder (e.g.
+    {"g": "48", "bf": "2"})."""
     path = Path(path)
     options = {"movflags": "+faststart"} if path.suffix == ".mp4" else {}
     with av.open(str(path), "w", options=options) as out:
         stream = out.add_stream(codec, rate=Fraction(fps))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "bgr0" if codec == "ffv1" else "yuv420p"
-        if codec == "libx264":
-            stream.options = {"crf": "18", "preset": "veryfast"}
+        if codec == "libx264":  # one thread: x264's default sizes its threads by the CPUs
+            stream.options = {"crf": "18", "preset": "veryfast", "threads": "1"}
         stream.options = {**stream.options, **(encoder_options or {})}
         for img in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
