@@ -277,15 +277,22 @@ def encode_chunk(
     write: bool = True,
 ) -> list[np.ndarray]:
     """Encode chunk k (again, where its features were dropped) as the stage encodes it: the
-    store's embedding dtype and precision. Returns its levels as stored; `write`: see
-    `write_features`."""
-    spec = store.attrs["model"]
-    frames = frames_of(k)
-    levels, kinds = encode_frames(
-        predictor, frames, batch_size, spec["embedding_dtype"], spec["precision"]
-    )
+    store's embedding dtype and precision, and write it. Returns its levels as stored;
+    `write`: see `write_features`."""
+    levels, kinds = chunk_levels(store, predictor, k, frames_of, batch_size)
     write_features(store, k, levels, kinds, write)
     return levels
+
+
+def chunk_levels(
+    store: RunStore, predictor, k: int, frames_of: FramesOnDisk, batch_size: int = 1
+) -> tuple[list[np.ndarray], list[tuple[str, str, str]]]:
+    """Chunk k's levels as stored and their kinds (`encode_frames`), the store's embedding
+    dtype and precision, not written."""
+    spec = store.attrs["model"]
+    return encode_frames(
+        predictor, frames_of(k), batch_size, spec["embedding_dtype"], spec["precision"]
+    )
 
 
 @torch.inference_mode()

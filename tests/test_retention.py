@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from conftest import (
     EncoderCalls,
+    assert_same_store,
     assert_user_error,
     ledger_count,
+    ledger_records,
     popen_segpipe,
     read_checked,
     run_args,
@@ -325,26 +327,72 @@ import sys
 sys.path.insert(0, "tests")
 import kill_points
 
-kill_points.mid_write("/features/level0/", nth=2)  # (the 2nd of the prompted chunks)
-kill_points.cli(sys.argv[1:])
+kill_points.mid_write(sys.argv[1], nth=1)
+kill_points.cli(sys.argv[2:])
 """
 
 
-def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, tmp_path):
+# --keep masks writes the prompted chunks' features only: the 2nd of them; --keep all writes
+# every chunk's, behind its tracking: chunk 3's (a chunk the forward pass tracks after them)
+@pytest.mark.parametrize(
+    "keep, part", [("masks", "/features/level0/c/2/"), ("all", "/features/level1/c/3/")]
+)
+def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, keep, part, tmp_path):
     """zarr writes each chunk file as `<file>.<random>.partial` and renames it: a kill in
     the middle of writing a chunk of features (up to 512 MB at 1024) leaves that temp file.
     The rerun's commit of the chunk removes it; no `.partial` is left in the store, and it
-    is not counted as held."""
+    is not counted as held. Under `--keep all` (features written behind the tracking, by
+    another thread) the rerun ends with the store of an uninterrupted run, array for array."""
     store = tmp_path / "run.zarr"
-    args = [*map(str, run_args(small, store)), "--keep", "masks"]
+    args = [*map(str, run_args(small, store)), "--keep", keep]
     proc = subprocess.run(
-        [sys.executable, "-c", KILL_MID_FEATURE_WRITE, *args],
+        [sys.executable, "-c", KILL_MID_FEATURE_WRITE, part, *args],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert list(store.glob("features/**/*.partial")), "the kill landed mid-write"
-    run_in_process(small, store, keep="masks")  # the same run again, to the end (in this process)
+    run_in_process(small, store, keep=keep)  # the same run again, to the end (in this process)
     assert list(store.rglob("*.partial")) == []
+    assert_same_results(keep_all, store)
+    if keep == "all":
+        assert_same_store(keep_all, store)
+
+
+WAIT_BEFORE_FEATURE_WRITE = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.wait_before_write(sys.argv[1], 1, sys.argv[2])
+kill_points.cli(sys.argv[3:])
+"""
+
+
+def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_path):
+    """Under `--keep all` a chunk's features are written, fsynced and committed by a writer
+    thread while the pass tracks the chunk from memory: with the write of chunk 3's
+    features held back (its first file waits for a flag), the forward pass still tracks and
+    commits chunk 3, whose features are not yet recorded encoded. Let go, the run ends with
+    the store of an uninterrupted run."""
+    store, flag = tmp_path / "run.zarr", tmp_path / "go"
+    args = [*map(str, run_args(small, store)), "--keep", "all", "--quiet"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WAIT_BEFORE_FEATURE_WRITE, "/features/level0/c/3/", flag, *args],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=90)
+        assert tracked, "chunk 3 was not tracked while its features' write waited"
+        assert 3 not in ledger_records(store, "encode")
+        assert not (store / "features" / "level0" / "c" / "3").exists()
+    finally:
+        flag.touch()
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert_same_store(keep_all, store)
     assert_same_results(keep_all, store)

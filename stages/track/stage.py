@@ -397,8 +397,10 @@ def run_passes(
 
     precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
-    with log.progress("encode", frames, quiet or not missing) as bar:
-        supply = ChunkSupply(store, predictor, todo, prompt_chunks, batch_size, bar)
+    with (
+        log.progress("encode", frames, quiet or not missing) as bar,
+        ChunkSupply(store, predictor, todo, prompt_chunks, batch_size, bar) as supply,
+    ):
         supply.ensure(next(iter(todo.values()))[0])  # the features' shapes are known then
         vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
         features = StoredFeatures(store, predictor.device, vision_pos, supply.held)

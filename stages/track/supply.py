@@ -7,7 +7,10 @@ what was encoded from memory (`held`), never reading back what it was just hande
 chunk encoded here is held until no pass still to run needs it, at most `HOLD` chunks
 (beyond that the oldest on disk goes; a later read of it reads the store).
 
-Under `--keep all` every chunk encoded is written and committed as the encode stage does.
+Under `--keep all` every chunk encoded is written and committed as the encode stage does,
+behind the tracking: a writer thread writes, fsyncs and commits it while the pass tracks it,
+one chunk in flight at most (the next chunk encoded waits for it). A crash costs the chunks
+not yet committed; the run's closing encode (or a rerun) encodes exactly those again.
 Under `--keep masks` the chunks of the prompted frames are written (a pass encodes them all
 before it applies the prompts, and the passes read them again), and a chunk that a pass
 tracks only where another read of it is still to come: the others never reach the disk, so
@@ -18,6 +21,8 @@ encoded, and its features once no pass still to run needs them (see
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 from segpipe import log
 from segpipe.plan import ChunkPlan, Span
 from segpipe.store.retention import drop, has, keep_setting, on_disk
@@ -27,6 +32,9 @@ HOLD = 3  # chunks of features held in memory at most (the chunk in work, prompt
 
 
 class ChunkSupply:
+    """Used as a context manager: leaving it waits for the write in flight (and raises its
+    error, unless an error is already on its way)."""
+
     def __init__(
         self,
         store: RunStore,
@@ -49,6 +57,28 @@ class ChunkSupply:
 
         self.frames_of = FramesOnDisk(store)
         self.held: dict[int, list] = {}  # chunk -> its levels as stored, encoded here
+        self.writer = ThreadPoolExecutor(1, "segpipe-features") if self.keep == "all" else None
+        self.writing: Future | None = None  # the write behind, in flight
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if self.writer is None:
+            return
+        try:
+            if kind is None:
+                self.written()
+            elif self.writing is not None:
+                self.writing.exception()  # committed or failed; the error at hand goes on
+        finally:
+            self.writer.shutdown()
+
+    def written(self) -> None:
+        """The write in flight committed; its error raised here."""
+        writing, self.writing = self.writing, None
+        if writing is not None:
+            writing.result()
 
     @staticmethod
     def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
@@ -63,12 +93,16 @@ class ChunkSupply:
         decoded again first where they were dropped)."""
         if k in self.held or has(self.store, "features", k):
             return
-        write = self.keep == "all" or k in self.prompt_chunks or self._reads(k) > 1
-        from segpipe.stages.encode import encode_chunk
+        from segpipe.stages.encode import chunk_levels, write_features
 
-        self.held[k] = encode_chunk(
-            self.store, self.predictor, k, self.frames_of, self.batch_size, write
-        )
+        levels, kinds = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
+        self.held[k] = levels
+        if self.writer is not None:  # --keep all: written behind the tracking
+            self.written()
+            self.writing = self.writer.submit(write_features, self.store, k, levels, kinds)
+        else:
+            write = k in self.prompt_chunks or self._reads(k) > 1
+            write_features(self.store, k, levels, kinds, write)
         self._bound()
         if self.bar is not None:
             lo, hi = self.store.plan.bounds(k)
@@ -83,7 +117,7 @@ class ChunkSupply:
 
     def _bound(self) -> None:
         """At most `HOLD` chunks held: the oldest of those on disk go (never one that only
-        memory holds: the chunk in work, tracked once)."""
+        memory holds: the chunk in work, tracked once, or one whose write is in flight)."""
         for k in [k for k in self.held if has(self.store, "features", k)]:
             if len(self.held) <= HOLD:
                 break
