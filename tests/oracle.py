@@ -208,6 +208,17 @@ def _track(predictor, frames, attrs, prompts, ids, video_dir, precision, directi
     return Oracle(masks, scores, seconds)
 
 
+def assert_tracked_as_sam2(store_path, oracle: Oracle, direction: str = "both") -> None:
+    """The store's masks and object scores, read back with a missing chunk file raising (not
+    read as fill), are SAM 2's bit for bit."""
+    from segpipe.store.runstore import RunStore
+
+    store = RunStore.open(store_path)
+    assert oracle.masks[direction].any()
+    assert np.array_equal(store.read("masks"), oracle.masks[direction]), direction
+    assert same_bits(store.read("object_scores"), oracle.scores[direction]), direction
+
+
 def _autocast(device_type: str, precision: str):
     """SAM 2's GPU usage: everything under bfloat16 autocast (`precision="bfloat16"`)."""
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16")

@@ -25,6 +25,7 @@ from conftest import (
     tree_digest,
     wait_for,
 )
+from oracle import assert_tracked_as_sam2, oracle_tracking
 
 STAGES = [
     "decode",
@@ -80,6 +81,8 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
     run_in_process(small, store)  # the same run again, to the end (in this process)
     assert_same_store(reference, store)
     assert export_files(store) == export_files(reference)
+    # and SAM 2's own predictor on the same frames and prompts
+    assert_tracked_as_sam2(store, oracle_tracking(reference, small / "prompts.json"))
     print(f"{len(killed_in)} kills survived, in stages: {killed_in}")
     if kills >= 6:  # the kills really were spread over the stages
         assert {"decode", "encode"} & set(killed_in) and {

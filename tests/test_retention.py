@@ -28,6 +28,7 @@ from conftest import (
     wait_for,
 )
 from file_log import chunks_opened
+from oracle import assert_tracked_as_sam2, oracle_tracking
 
 STAGES = [
     "decode",
@@ -158,6 +159,8 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
     assert killed >= 3
     run_in_process(small, store, keep="masks")  # the same run again, to the end (in this process)
     assert_same_results(keep_all, store)
+    # and SAM 2's own predictor on the same frames (those --keep all kept) and prompts
+    assert_tracked_as_sam2(store, oracle_tracking(keep_all, small / "prompts.json"))
     for name in ("frames", "features/level2"):
         assert chunk_files(store, name) == [], name
     # new prompts on that store, a reverse pass from frame 9: chunks 2, 1, 0 (frames 0..11)
@@ -389,7 +392,7 @@ def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_p
         tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=90)
         assert tracked, "chunk 3 was not tracked while its features' write waited"
         assert 3 not in ledger_records(store, "encode")
-        assert not (store / "features" / "level0" / "c" / "3").exists()
+        assert not [f for f in (store / "features/level0/c/3").rglob("*") if f.is_file()]
     finally:
         flag.touch()
         _, err = proc.communicate(timeout=300)

@@ -401,7 +401,8 @@ def run_passes(
         log.progress("encode", frames, quiet or not missing) as bar,
         ChunkSupply(store, predictor, todo, prompt_chunks, batch_size, bar) as supply,
     ):
-        supply.ensure(next(iter(todo.values()))[0])  # the features' shapes are known then
+        supply.ensure(next(iter(todo.values()))[0])  # the features' shapes are known then,
+        supply.written()  # and the level arrays made (their kinds: positional encodings)
         vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
         features = StoredFeatures(store, predictor.device, vision_pos, supply.held)
         for (d, _), slots in units.items():
