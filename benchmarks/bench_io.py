@@ -151,7 +151,7 @@ def main() -> int:
             ("decode", ["decode", video, "--store", staged, "--chunk-size", C, "--image-size", S]),
             ("encode", ["encode", "--store", staged, "--random-weights", 0]),
             ("track", ["track", "--store", staged, "--prompts", prompts, "--direction", "both"]),
-            ("export", ["export", "--store", staged, "--format", "davis"]),
+            ("export", ["export", "--store", staged, "--format", "davis", "--out", work / "davis"]),
         ]
         total = {"seconds": 0.0}
         for name, args in steps:
