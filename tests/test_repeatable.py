@@ -16,8 +16,10 @@ import zarr
 from conftest import ROOT, assert_same_store, tree_digest
 
 MAKE_AND_RUN = """
-import json, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
+if os.environ.get("PIN_TO_CPU"):  # first of all: the encoder and segpipe run on this CPU alone
+    os.sched_setaffinity(0, {int(os.environ["PIN_TO_CPU"])})
 sys.path.insert(0, "data")
 import make_sample, synthetic
 out, model = Path(sys.argv[1]), sys.argv[2]
@@ -42,9 +44,10 @@ subprocess.run(
 @pytest.mark.parametrize("model", ["segpipe_tiny", "sam2.1_hiera_t"])
 def test_two_fresh_processes_make_the_same_bytes(model, tmp_path):
     cpus = sorted(os.sched_getaffinity(0))
-    assert len(cpus) > 1, "needs a machine with two CPUs or more"
+    if len(cpus) < 2:
+        pytest.skip("one process on every CPU and one on one CPU needs two CPUs")
     made = []
-    for n, allowed in enumerate([cpus, cpus[:1]]):
+    for n, pin in enumerate(["", str(cpus[0])]):
         out = tmp_path / str(n)
         out.mkdir()
         proc = subprocess.run(
@@ -52,8 +55,8 @@ def test_two_fresh_processes_make_the_same_bytes(model, tmp_path):
             cwd=ROOT,
             capture_output=True,
             text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},  # torch's bits follow its thread count
-            preexec_fn=lambda allowed=allowed: os.sched_setaffinity(0, allowed),
+            # torch's bits follow its thread count: the same in both
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PIN_TO_CPU": pin},
         )
         assert proc.returncode == 0, proc.stderr
         made.append(out)

@@ -389,13 +389,46 @@ def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_p
         text=True,
     )
     try:
-        tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=90)
+        tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=300)
         assert tracked, "chunk 3 was not tracked while its features' write waited"
         assert 3 not in ledger_records(store, "encode")
         assert not [f for f in (store / "features/level0/c/3").rglob("*") if f.is_file()]
     finally:
         flag.touch()
-        _, err = proc.communicate(timeout=300)
+        try:
+            _, err = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
     assert proc.returncode == 0, err
+    assert_same_store(keep_all, store)
+    assert_same_results(keep_all, store)
+
+
+def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupted_one(
+    small, keep_all, tmp_path, monkeypatch
+):
+    """Under `--keep all` the features are written by a writer thread: when that write fails
+    (here the disk is full for chunk 3's features), the run stops with that error, the
+    forward pass no further than chunk 3, instead of tracking on; the rerun ends with the
+    store of an uninterrupted run."""
+    import errno
+
+    from segpipe.stages import encode
+
+    real = encode.write_features
+
+    def full_disk_at_chunk_3(store, k, *args, **kwargs):
+        if k == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(store, k, *args, **kwargs)
+
+    store = tmp_path / "run.zarr"
+    monkeypatch.setattr(encode, "write_features", full_disk_at_chunk_3)
+    with pytest.raises(OSError, match="No space left"):
+        run_in_process(small, store, keep="all")
+    assert 3 not in ledger_records(store, "encode")
+    assert max(ledger_records(store, "track_forward")) <= 3
+    monkeypatch.setattr(encode, "write_features", real)
+    run_in_process(small, store, keep="all")
     assert_same_store(keep_all, store)
     assert_same_results(keep_all, store)

@@ -21,7 +21,8 @@ SIZE = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1]))  # what it w
 # marks 1% of the background or less; it loses the box-prompted object 2 (IoU 0.03, 2.1% of
 # the background), a known weakness (README: The demo model). Random weights: IoU 0 for all
 # three. (Measured on the clip as x264 encodes it on one thread, the same on every machine.)
-MIN_IOU, MAX_OUTSIDE, SEGMENTED = 0.35, 0.03, (0, 2)
+MIN_IOU, SEGMENTED = 0.35, (0, 2)
+MAX_OUTSIDE = (0.02, 0.03, 0.02)  # per object
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_shipped_model_segments_the_objects(tracked):
     masks = read_checked(store, "masks")
     for o in range(truth.shape[1]):
         outside = (masks[:, o] & ~truth[:, o]).sum() / (~truth[:, o]).sum()
-        assert outside <= MAX_OUTSIDE, (o, outside)
+        assert outside <= MAX_OUTSIDE[o], (o, outside)
     for o in SEGMENTED:
         inter = (masks[:, o] & truth[:, o]).sum()
         union = (masks[:, o] | truth[:, o]).sum()

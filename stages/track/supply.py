@@ -9,8 +9,10 @@ chunk encoded here is held until no pass still to run needs it, at most `HOLD` c
 
 Under `--keep all` every chunk encoded is written and committed as the encode stage does,
 behind the tracking: a writer thread writes, fsyncs and commits it while the pass tracks it,
-one chunk in flight at most (the next chunk encoded waits for it). A crash costs the chunks
-not yet committed; the run's closing encode (or a rerun) encodes exactly those again.
+one write in flight at most (handing over the next chunk's waits for it). A crash costs the
+features not yet committed: a rerun of `run` encodes them again (its closing encode); after
+`track` they are missing until a pass reads them or `segpipe encode` runs (`status` shows
+encode unfinished). A failed write is raised at the next look at the supply.
 Under `--keep masks` the chunks of the prompted frames are written (a pass encodes them all
 before it applies the prompts, and the passes read them again), and a chunk that a pass
 tracks only where another read of it is still to come: the others never reach the disk, so
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from segpipe import log
+from segpipe import interrupt, log
 from segpipe.plan import ChunkPlan, Span
 from segpipe.store.retention import drop, has, keep_setting, on_disk
 from segpipe.store.runstore import RunStore
@@ -80,6 +82,12 @@ class ChunkSupply:
         if writing is not None:
             writing.result()
 
+    def _failed(self) -> None:
+        """Raise the error of a write behind that has failed (disk full...), not waiting for
+        one still in flight: the pass stops at once, not at the next chunk it encodes."""
+        if self.writing is not None and self.writing.done():
+            self.written()
+
     @staticmethod
     def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
         """The chunks of `todo` (and `prompt_chunks`, read where a pass starts from the
@@ -91,8 +99,11 @@ class ChunkSupply:
     def ensure(self, k: int) -> None:
         """Chunk k's features held or on disk, encoded now if they are neither (its frames
         decoded again first where they were dropped)."""
+        self._failed()
         if k in self.held or has(self.store, "features", k):
             return
+        if self.writer is not None:
+            interrupt.check()  # a signal during the write behind: stop before encoding more
         from segpipe.stages.encode import chunk_levels, write_features
 
         levels, kinds = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
@@ -146,6 +157,7 @@ class ChunkSupply:
 
     def release(self, unit, k: int) -> None:
         """`unit` has committed chunk k."""
+        self._failed()
         self.remaining[unit].discard(k)
         self._drop_unneeded(k)
 
