@@ -81,6 +81,7 @@ main()
 
 def counted(args: list, report: Path) -> dict:
     """Run `segpipe ARGS --quiet` in a fresh process; its seconds and what it wrote."""
+    report.unlink(missing_ok=True)
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-c", COUNTING, str(report), *map(str, args), "--quiet"],
@@ -125,6 +126,8 @@ def results(store: Path) -> dict:
 
 
 def main() -> int:
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.pop(name, None)  # each run as a new user's shell starts it
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="image size 64, 24 frames")
     parser.add_argument("--frames", type=int, default=96)

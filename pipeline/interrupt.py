@@ -75,7 +75,8 @@ def _say(text: str) -> None:
 
 
 def check() -> None:
-    """Called after each committed chunk: stop here if a signal came."""
+    """Called after each committed chunk (and before `run` encodes a chunk while the one
+    before is written behind): stop here if a signal came."""
     if _requested is not None:
         raise Interrupted(_requested)
 

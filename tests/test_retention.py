@@ -400,6 +400,8 @@ def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_p
         finally:
             proc.kill()
     assert proc.returncode == 0, err
+    # one write in flight: handing over chunk 4's waited for chunk 3's commit
+    assert ledger_records(store, "encode")[3] <= ledger_records(store, "track_forward")[4]
     assert_same_store(keep_all, store)
     assert_same_results(keep_all, store)
 
@@ -409,8 +411,8 @@ def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupte
 ):
     """Under `--keep all` the features are written by a writer thread: when that write fails
     (here the disk is full for chunk 3's features), the run stops with that error, the
-    forward pass no further than chunk 3, instead of tracking on; the rerun ends with the
-    store of an uninterrupted run."""
+    forward pass no further than chunk 3 and chunk 4 not encoded, instead of tracking or
+    encoding on; the rerun ends with the store of an uninterrupted run."""
     import errno
 
     from segpipe.stages import encode
@@ -422,12 +424,21 @@ def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupte
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(store, k, *args, **kwargs)
 
+    encoded, levels = [], encode.chunk_levels
+
+    def recorded(store, predictor, k, *args, **kwargs):
+        encoded.append(k)
+        return levels(store, predictor, k, *args, **kwargs)
+
     store = tmp_path / "run.zarr"
     monkeypatch.setattr(encode, "write_features", full_disk_at_chunk_3)
+    monkeypatch.setattr(encode, "chunk_levels", recorded)
     with pytest.raises(OSError, match="No space left"):
         run_in_process(small, store, keep="all")
     assert 3 not in ledger_records(store, "encode")
     assert max(ledger_records(store, "track_forward")) <= 3
+    assert 4 not in encoded  # stopped once it failed, not after encoding one more chunk
+    monkeypatch.setattr(encode, "chunk_levels", levels)
     monkeypatch.setattr(encode, "write_features", real)
     run_in_process(small, store, keep="all")
     assert_same_store(keep_all, store)

@@ -82,6 +82,14 @@ class ChunkSupply:
         if writing is not None:
             writing.result()
 
+    def _write_behind(self, k: int, levels, kinds) -> None:
+        from segpipe.stages.encode import write_features
+
+        try:
+            write_features(self.store, k, levels, kinds)
+        except interrupt.Interrupted:  # raised once the chunk is committed: the pass stops
+            pass  # at its own next commit or look (the chunk it encoded meanwhile is kept)
+
     def _failed(self) -> None:
         """Raise the error of a write behind that has failed (disk full...), not waiting for
         one still in flight: the pass stops at once, not at the next chunk it encodes."""
@@ -104,14 +112,16 @@ class ChunkSupply:
             return
         if self.writer is not None:
             interrupt.check()  # a signal during the write behind: stop before encoding more
-        from segpipe.stages.encode import chunk_levels, write_features
+        from segpipe.stages.encode import chunk_levels
 
         levels, kinds = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
         self.held[k] = levels
         if self.writer is not None:  # --keep all: written behind the tracking
             self.written()
-            self.writing = self.writer.submit(write_features, self.store, k, levels, kinds)
+            self.writing = self.writer.submit(self._write_behind, k, levels, kinds)
         else:
+            from segpipe.stages.encode import write_features
+
             write = k in self.prompt_chunks or self._reads(k) > 1
             write_features(self.store, k, levels, kinds, write)
         self._bound()
