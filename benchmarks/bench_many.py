@@ -84,6 +84,10 @@ def main() -> int:
             ok = len(pngs) == T and ids <= set(range(a.objects + 1)) and carried == a.objects
             fine &= ok
             peaks.append(rss)
+            print(
+                f"{T} frames: {seconds:.0f} s, peak RSS {rss:.0f} MiB, exports whole: {ok}",
+                flush=True,
+            )  # each run as it ends: a long run stopped still says something
             rows.append(
                 [
                     T,
