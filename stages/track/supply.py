@@ -71,10 +71,8 @@ class ChunkSupply:
         try:
             if kind is None:
                 self.written()
-            elif self.writing is not None:
-                self.writing.exception()  # committed or failed; the error at hand goes on
         finally:
-            self.writer.shutdown()
+            self.writer.shutdown()  # waits for a write in flight; the error at hand goes on
 
     def written(self) -> None:
         """The write in flight committed; its error raised here."""
