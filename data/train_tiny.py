@@ -138,6 +138,76 @@ def clip_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng) -> tuple[to
     return loss / T, {k: v / (T - 1 if k == "tracked_iou" else T) for k, v in totals.items()}
 
 
+def prompt_kinds(rng, masks_t: np.ndarray) -> list[dict]:
+    """One frame's prompts for every object, in the three kinds users give: a box (its corners
+    a little off), a click inside, and a click inside with one outside. Each is a batch of
+    point inputs (O, P, 2) for `_track_step`, coordinates in model-input pixels."""
+    boxes, one, two = [], [], []
+    for m in masks_t:
+        ys, xs = np.nonzero(m)
+        box = np.array([xs.min(), ys.min(), xs.max(), ys.max()], np.float32)
+        boxes.append((box + rng.normal(0, 1.5, 4)).reshape(2, 2))
+        i = rng.integers(len(xs))
+        one.append([[xs[i] + 0.5, ys[i] + 0.5]])
+        oy, ox = np.nonzero(~m)
+        j = rng.integers(len(ox))
+        two.append([[xs[i] + 0.5, ys[i] + 0.5], [ox[j] + 0.5, oy[j] + 0.5]])
+    O = len(masks_t)
+    return [
+        {
+            "point_coords": torch.from_numpy(np.stack(boxes)),
+            "point_labels": torch.tensor([[2, 3]] * O, dtype=torch.int32),
+        },
+        {
+            "point_coords": torch.tensor(np.array(one), dtype=torch.float32),
+            "point_labels": torch.ones(O, 1, dtype=torch.int32),
+        },
+        {
+            "point_coords": torch.tensor(np.array(two), dtype=torch.float32),
+            "point_labels": torch.tensor([[1, 0]] * O, dtype=torch.int32),
+        },
+    ]
+
+
+def prompt_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int):
+    """SAM's image-level task on `count` frames of the clip: every visible object prompted
+    alone on a frame, by a box, a click and a click with an outside one, through SAM 2's own
+    path for a first prompt (`_track_step` on an initial conditioning frame, no memory).
+    Returns the summed SAM 2 losses and the mean IoU of the chosen masks."""
+    T = masks.shape[0]
+    picks = rng.choice(T, size=min(count, T), replace=False)
+    backbone = model.forward_image((frames[picks] - MEAN) / STD)
+    _, feats, pos, sizes = model._prepare_backbone_features(backbone)
+    loss, ious, n = 0.0, 0.0, 0
+    for i, t in enumerate(picks):
+        seen = masks[t].flatten(1).sum(1) >= 4
+        if not seen.any():
+            continue
+        target = masks[t][seen]
+        O = len(target)
+        cur = [f[:, i : i + 1].expand(-1, O, -1) for f in feats]
+        cur_pos = [p[:, i : i + 1].expand(-1, O, -1) for p in pos]
+        for points in prompt_kinds(rng, target.numpy()):
+            _, sam, _, _ = model._track_step(
+                0,
+                True,
+                cur,
+                cur_pos,
+                sizes,
+                points,
+                None,
+                {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}},
+                1,
+                False,
+                None,
+            )
+            _, high_multi, pred_ious, _, _, _, score_logits = sam
+            parts = frame_losses(high_multi, pred_ious, score_logits, target.float())
+            loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
+            ious, n = ious + float(parts["tracked_iou"]), n + 1
+    return loss / max(n, 1), ious / max(n, 1)
+
+
 def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
     """SAM 2's MultiStepMultiMasksAndIous for one frame: logits (O, M, H, W), ious (O, M),
     score_logits (O, 1), target (O, H, W). The focal loss weighs positives by `alpha`: SAM 2
@@ -201,6 +271,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument(
+        "--prompt-frames",
+        type=int,
+        default=0,
+        help="frames of each clip also trained on SAM's image-level task (every object "
+        "prompted alone by a box, a click, a click and an outside one; `prompt_loss`)",
+    )
+    parser.add_argument(
         "--init", type=Path, help="start from these weights (a file this script wrote)"
     )
     parser.add_argument(
@@ -209,7 +286,14 @@ def main() -> None:
         help="the run's full state, saved every --log-every steps and resumed from when it "
         "exists (default data/<out's stem>.state.pt)",
     )
+    parser.add_argument(
+        "--prompt-only",
+        action="store_true",
+        help="train on SAM's image-level task alone (--prompt-frames frames a clip), no tracking",
+    )
     args = parser.parse_args()
+    if args.prompt_only and not args.prompt_frames:
+        parser.error("--prompt-only needs --prompt-frames")
     if args.frames < 2:
         parser.error("--frames must be at least 2 (a prompted frame and a tracked one)")
     # The state goes to a separate file, here in data/ (not in the package): the shipped
@@ -217,6 +301,10 @@ def main() -> None:
     state_path = args.state or HERE / (args.out.stem + ".state.pt")
     torch.set_num_threads(args.threads)
     run = {k: getattr(args, k) for k in ("steps", "frames", "size", "lr", "seed", "threads")}
+    if args.prompt_frames:  # recorded only when used: earlier runs' states still resume
+        run["prompt_frames"] = args.prompt_frames
+    if args.prompt_only:
+        run["prompt_only"] = True
     run["init"] = str(args.init) if args.init else None
     model = build(args.seed, args.size)
     look_where_it_was(model)
@@ -255,7 +343,14 @@ def main() -> None:
         clip = training_clip(first_clip + step, args.frames, args.size)
         if clip is not None:
             frames, masks, rng = clip
-            loss, parts = clip_loss(model, frames, masks, rng)
+            loss, parts = 0.0, {}
+            if not args.prompt_only:
+                loss, parts = clip_loss(model, frames, masks, rng)
+            if args.prompt_frames:
+                extra, parts["prompted_iou"] = prompt_loss(
+                    model, frames, masks, rng, args.prompt_frames
+                )
+                loss = loss + extra
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -234,3 +234,45 @@ def test_split_is_contiguous_and_even():
         [13, 14, 15],
     ]
     assert split([0], 2) == [[0]] and split([0, 1, 2], 1) == [[0, 1, 2]]
+
+
+def test_a_frames_object_independent_steps_run_once_for_all_its_objects(clip, predictor, tmp_path):
+    """`stages.track.shared`: the first memory-attention layer's self-attention and the
+    memory encoder's `pix_feat_proj` take the same input for every object of a frame; they
+    run once a tracked frame, not once per object, and the masks and scores stay SAM 2's
+    predictor's bit for bit (its predictor computes them for each object)."""
+    from segpipe.stages.track.shared import PerFrame
+
+    prompts = many_prompts(tmp_path, 5, (4,))
+    oracle = oracle_tracking(clip / "c4.zarr", prompts, directions=("forward",))
+    store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
+    steps = PerFrame.of(predictor).steps
+    before = {name: step.computed for name, step in steps.items()}
+    track(store, prompts, "forward", quiet=True, predictor=predictor)
+    assert_matches_oracle(store, oracle, "forward", "shared steps")
+    ran = {name: step.computed - before[name] for name, step in steps.items()}
+    tracked = T - 4 - 1  # frames 5..11, after the prompted frame 4
+    # the prompted frame's memory is encoded outside the frame loop, once per object
+    assert ran == {"self_attention": tracked, "pix_feat_proj": tracked + 5}, ran
+
+
+def test_shared_steps_compare_bits_not_values():
+    import torch
+
+    from segpipe.stages.track.shared import Shared, same
+
+    x = torch.tensor([0.0, float("nan"), 1.0])
+    assert same((x,), (x.clone(),))  # a NaN is its own bits
+    assert not same((x,), (torch.tensor([-0.0, float("nan"), 1.0]),))  # -0.0 is not 0.0
+    assert not same((x,), (x.double(),)) and not same((x,), (x[:2],))
+    y = torch.arange(6.0).reshape(2, 3)
+    assert not same((y,), (y.t().contiguous().t(),))  # same values, another layout
+    calls = Shared(lambda t: t * 2)
+    calls.on = True
+    calls(x), calls(x.clone())
+    assert calls.computed == 1  # the equal input shared
+    assert torch.equal(calls(x + 1)[2:], torch.tensor([4.0])) and calls.computed == 2
+    z = torch.ones(2)
+    calls(z)
+    z.add_(1)  # changed in place since: computed anew, not the held output
+    assert torch.equal(calls(z), torch.full((2,), 4.0)) and calls.computed == 4

@@ -54,6 +54,7 @@ LAYERS = {
         "segpipe.stages.track.memory",
         "segpipe.stages.track.groups",
         "segpipe.stages.track.supply",
+        "segpipe.stages.track.shared",
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.stage",
         "segpipe.stages.export",

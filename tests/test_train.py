@@ -1,6 +1,6 @@
 """data/train_tiny.py resumes: a run killed -9 between saves and run again ends with the same
 weights, bit for bit, as a run never stopped (the training's data, dropout and schedule all
-continue from the saved state)."""
+continue from the saved state), with the image-level prompt task on (`--prompt-frames`)."""
 
 import os
 import signal
@@ -16,7 +16,7 @@ TRAIN = Path(__file__).resolve().parents[1] / "data" / "train_tiny.py"
 
 def _command(out: Path, state: Path) -> list[str]:
     return [sys.executable, str(TRAIN), "--out", str(out), "--state", str(state), "--steps", "6",
-            "--frames", "2", "--size", "64", "--log-every", "2"]  # fmt: skip
+            "--frames", "2", "--size", "64", "--log-every", "2", "--prompt-frames", "1"]  # fmt: skip
 
 
 def test_a_killed_training_continues_to_the_same_weights(tmp_path):

@@ -15,6 +15,7 @@ from segpipe import prompts as prompt_file
 from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.groups import object_todo
 from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+from segpipe.stages.track.shared import PerFrame
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
 from segpipe.store.layout import TRACK_ARRAYS
@@ -190,6 +191,7 @@ class Tracker:
         self.first = [firsts[i] if self.own else 0 for i in self.ids]
         self.on_commit, self.supply = on_commit, supply
         self.reach = Reach.of(predictor, plan.num_frames)
+        self.shared = PerFrame.of(predictor)  # a frame's object-independent steps, once
         S = predictor.image_size
         self.memstore = MemoryStore(
             store,
@@ -292,8 +294,32 @@ class Tracker:
         frame_scores, frame_areas = {}, {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
-            scores = []
-            logits = []
+            scores, logits = self.track_frame(f, state, memory)
+            areas = []
+            for o, video_res in self.video_res(state, logits):
+                above = video_res[:, 0] > self.threshold
+                areas.append(above.sum((1, 2)))  # on the device, like the scores
+                host_masks[f - lo, o : o + len(above)].copy_(pack_bits(above), non_blocking=cuda)
+            frame_scores[f] = torch.cat(scores).float()
+            frame_areas[f] = torch.cat(areas)
+            mine[f - lo] = owned(f)
+            memory.next_frame = f + memory.step
+            self.reach.prune(memory)
+            self.sync_state(state, memory)
+            bar.update(1)
+        scores = chunk_scores(frame_scores, frames, lo, hi, O)
+        areas = chunk_areas(frame_areas, frames, lo, hi, O)
+        if cuda:
+            torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
+        self.write(k, lo, host_masks.numpy(), scores, areas, mine, memory)
+
+    def track_frame(self, f: int, state: dict, memory: TrackerMemory) -> tuple[list, list]:
+        """Every object's SAM 2 step on frame f, one after another as SAM 2 tracks them (a
+        prompted frame's output is the stored one), the frame's object-independent steps
+        done once (`PerFrame`). Returns each object's score logits and low-res logits (None
+        where it has not started)."""
+        scores, logits = [], []
+        with self.shared.frame():
             for o, obj in enumerate(memory.objects):
                 if f < self.first[o]:  # not yet started: not tracked
                     scores.append(torch.full((1,), float("nan"), device=self.predictor.device))
@@ -319,23 +345,7 @@ class Tracker:
                     obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
                 scores.append(out["object_score_logits"].reshape(1))
                 logits.append(pred)
-            areas = []
-            for o, video_res in self.video_res(state, logits):
-                above = video_res[:, 0] > self.threshold
-                areas.append(above.sum((1, 2)))  # on the device, like the scores
-                host_masks[f - lo, o : o + len(above)].copy_(pack_bits(above), non_blocking=cuda)
-            frame_scores[f] = torch.cat(scores).float()
-            frame_areas[f] = torch.cat(areas)
-            mine[f - lo] = owned(f)
-            memory.next_frame = f + memory.step
-            self.reach.prune(memory)
-            self.sync_state(state, memory)
-            bar.update(1)
-        scores = chunk_scores(frame_scores, frames, lo, hi, O)
-        areas = chunk_areas(frame_areas, frames, lo, hi, O)
-        if cuda:
-            torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
-        self.write(k, lo, host_masks.numpy(), scores, areas, mine, memory)
+        return scores, logits
 
     def load_features(self, k: int, lo: int, hi: int) -> None:
         """Load chunk k's features; read the next chunk's ahead if they are ready."""
