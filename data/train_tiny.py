@@ -13,20 +13,26 @@ rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, the IoU head is su
 the chosen mask only (SAM 2.1's config supervises all three) and clicks sit at pixel centres
 (SAM 2's prompt encoder adds its own half pixel).
 
+`--prompt-frames N` adds SAM's image-level task (`prompt_loss`): on N frames of each clip
+every visible object is prompted alone by a box, a click, and a click with an outside one,
+through SAM 2's path for a first prompt, with the same losses (`--prompt-only`: that task
+alone). Without it the decoder barely learned boxes and clicks (frame 0 of a quarter of the
+clips each); the shipped weights add two runs of it to the first one (docs/demo-model.md).
+
 Reproducible: clip k is `data/synthetic.py`'s seed k, the weights start from torch seed 0,
 and CPU arithmetic repeats bit for bit at a fixed thread count (`--threads`, 1 by default;
 two 30-step runs gave identical weights). The shipped `pipeline/weights/segpipe_tiny.pt`
-(package data: `segpipe/weights/` in an installed segpipe) holds the
-tensors the default arguments gave (one run; saved under another name and copied, so the
-file's bytes, and the sha256 stores record, differ from a rerun's); its run time is in the
-README. The run's full state (weights, optimiser, schedule, step, torch's random state, the
+(package data: `segpipe/weights/` in an installed segpipe) holds the tensors of three runs:
+the default arguments, then the two in docs/demo-model.md (the last saved under another name
+and copied, so the file's bytes, and the sha256 stores record, differ from a rerun's). The
+run's full state (weights, optimiser, schedule, step, torch's random state, the
 time spent) is saved beside this script, to `data/<out's stem>.state.pt`, every `--log-every`
 steps; run the same command again after a kill, or in a later sitting, and it continues from
 there, with the same result as a run never stopped. `--out` is written once, at the end, with
 the steps and hours of every run that led to it (`--init` continues from earlier weights on
 clips they never saw).
 
-    python data/train_tiny.py                   # writes pipeline/weights/segpipe_tiny.pt
+    python data/train_tiny.py --out data/first.pt      # the first of the shipped runs
 """
 
 from __future__ import annotations
@@ -112,7 +118,9 @@ def frame0_inputs(rng, masks0: np.ndarray):
     }, None
 
 
-def clip_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng) -> tuple[torch.Tensor, dict]:
+def clip_loss(
+    model, frames: torch.Tensor, masks: torch.Tensor, rng, alpha: float = 0.75
+) -> tuple[torch.Tensor, dict]:
     """Track the clip's objects from a frame-0 prompt; the summed SAM 2 losses over frames."""
     T, O = masks.shape[:2]
     backbone = model.forward_image((frames - MEAN) / STD)
@@ -131,7 +139,7 @@ def clip_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng) -> tuple[to
         out["pred_masks_high_res"], out["obj_ptr"] = high_best, obj_ptr
         model._encode_memory_in_output(cur, sizes, point_inputs, True, high_best, score_logits, out)
         output["cond_frame_outputs" if t == 0 else "non_cond_frame_outputs"][t] = out
-        parts = frame_losses(high_multi, ious, score_logits, masks[t].float())
+        parts = frame_losses(high_multi, ious, score_logits, masks[t].float(), alpha)
         for k, v in parts.items():
             totals[k] += float(v.detach()) if t > 0 or k != "tracked_iou" else 0.0
         loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
@@ -169,7 +177,9 @@ def prompt_kinds(rng, masks_t: np.ndarray) -> list[dict]:
     ]
 
 
-def prompt_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int):
+def prompt_loss(
+    model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int, alpha: float = 0.75
+):
     """SAM's image-level task on `count` frames of the clip: every visible object prompted
     alone on a frame, by a box, a click and a click with an outside one, through SAM 2's own
     path for a first prompt (`_track_step` on an initial conditioning frame, no memory).
@@ -202,10 +212,12 @@ def prompt_loss(model, frames: torch.Tensor, masks: torch.Tensor, rng, count: in
                 None,
             )
             _, high_multi, pred_ious, _, _, _, score_logits = sam
-            parts = frame_losses(high_multi, pred_ious, score_logits, target.float())
+            parts = frame_losses(high_multi, pred_ious, score_logits, target.float(), alpha)
             loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
             ious, n = ious + float(parts["tracked_iou"]), n + 1
-    return loss / max(n, 1), ious / max(n, 1)
+    if n == 0:  # no object seen on the picked frames
+        return None, None
+    return loss / n, ious / n
 
 
 def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
@@ -287,6 +299,18 @@ def main() -> None:
         "exists (default data/<out's stem>.state.pt)",
     )
     parser.add_argument(
+        "--stop-after",
+        type=int,
+        help="end after this many steps of the --steps schedule (its learning rate not yet "
+        "decayed), writing --out; the state is kept",
+    )
+    parser.add_argument(
+        "--focal-alpha",
+        type=float,
+        default=0.75,
+        help="the focal loss's weight of positives (SAM 2: 0.25; `frame_losses`)",
+    )
+    parser.add_argument(
         "--prompt-only",
         action="store_true",
         help="train on SAM's image-level task alone (--prompt-frames frames a clip), no tracking",
@@ -294,6 +318,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.prompt_only and not args.prompt_frames:
         parser.error("--prompt-only needs --prompt-frames")
+    if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
+        parser.error("--stop-after must be between 1 and --steps")
     if args.frames < 2:
         parser.error("--frames must be at least 2 (a prompted frame and a tracked one)")
     # The state goes to a separate file, here in data/ (not in the package): the shipped
@@ -305,6 +331,8 @@ def main() -> None:
         run["prompt_frames"] = args.prompt_frames
     if args.prompt_only:
         run["prompt_only"] = True
+    if args.focal_alpha != 0.75:
+        run["focal_alpha"] = args.focal_alpha
     run["init"] = str(args.init) if args.init else None
     model = build(args.seed, args.size)
     look_where_it_was(model)
@@ -339,27 +367,33 @@ def main() -> None:
         start, spent = state["step"], state["seconds"]
         print(f"resuming at step {start} ({spent / 3600:.2f} h so far): {state_path}", flush=True)
     began, recent = time.time() - spent, []
-    for step in range(start, args.steps):
+    end = min(args.steps, args.stop_after or args.steps)
+    if start > end:
+        sys.exit(f"error: {state_path} is at step {start}, past --stop-after {end}")
+    for step in range(start, end):
         clip = training_clip(first_clip + step, args.frames, args.size)
         if clip is not None:
             frames, masks, rng = clip
-            loss, parts = 0.0, {}
+            loss, parts = None, {}
             if not args.prompt_only:
-                loss, parts = clip_loss(model, frames, masks, rng)
+                loss, parts = clip_loss(model, frames, masks, rng, args.focal_alpha)
             if args.prompt_frames:
-                extra, parts["prompted_iou"] = prompt_loss(
-                    model, frames, masks, rng, args.prompt_frames
+                extra, iou = prompt_loss(
+                    model, frames, masks, rng, args.prompt_frames, args.focal_alpha
                 )
-                loss = loss + extra
+                if extra is not None:
+                    loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
+        if clip is not None and loss is not None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             recent.append(parts)
         sched.step()
-        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.log_every == 0 or step + 1 == end:
             if recent:
-                mean = {k: np.mean([p[k] for p in recent]) for k in recent[0]}
+                keys = dict.fromkeys(k for p in recent for k in p)
+                mean = {k: np.mean([p[k] for p in recent if k in p]) for k in keys}
                 print(
                     f"step {step + 1}/{args.steps} {time.time() - began:.0f}s "
                     f"lr {sched.get_last_lr()[0]:.2e} "
@@ -380,10 +414,11 @@ def main() -> None:
                 state_path,
             )
     hours = (time.time() - began) / 3600
-    history.append({"steps": args.steps, "hours": round(hours, 3), "run": run})
+    history.append({"steps": end, "hours": round(hours, 3), "run": run})
     save(model, args.size, history, args.out)
-    state_path.unlink(missing_ok=True)
-    print(f"trained {args.steps} steps in {hours:.2f} h: {args.out}")
+    if end == args.steps:  # stopped early, the state stays: a later --stop-after goes on
+        state_path.unlink(missing_ok=True)
+    print(f"trained {end} of {args.steps} steps in {hours:.2f} h: {args.out}")
 
 
 def save(model, size: int, history: list, path: Path) -> None:

@@ -21,6 +21,7 @@ from conftest import (
     ROOT,
     assert_same_store,
     ledger_count,
+    read_checked,
     require_root,
     segpipe,
     tree_digest,
@@ -230,7 +231,12 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     page.screenshot(path=SHOTS / "studio_tracked.png")  # the README's
     other = open_page(browser, studio.url + "?frame=5")  # a second tab: the same state, live
     assert other.evaluate("studio.entries") == page.evaluate("studio.entries")
-    assert tinted(other, PALETTE[1]).sum() > 20  # the tracked masks
+    # the tracked masks: object 1's where object 2's (drawn over it) is not, the click's
+    # mark aside, pixel for pixel
+    tracked = read_checked(store, "masks")[5]
+    own, marks = tracked[0] & ~tracked[1], near_marks(tracked.shape[1:], points=[(37.5, 27.5)])
+    assert np.array_equal(tinted(other, PALETTE[1]) & ~marks, own & ~marks)
+    assert (own & ~marks).any()
     runs = other.evaluate("Number(document.body.dataset.runs)")
 
     # correction: a negative point on a later frame, retracked from the stored embeddings

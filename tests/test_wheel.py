@@ -193,7 +193,7 @@ def test_the_wheel_ships_the_config_the_weights_and_the_studio_page(venv):
 def test_the_installed_model_runs_from_its_shipped_weights(venv):
     """`segpipe run --model segpipe_tiny` (no --checkpoint) in the venv, one click on the clip's
     third shape: it exits 0, the store records the shipped weights, and the shape is followed
-    (IoU about 0.74 over the tracked frames; random weights: 0)."""
+    (IoU about 0.82 over the tracked frames; random weights: 0)."""
     python, work = venv.python, venv.work
     frames, masks = make_sample.make_clip(num_frames=FRAMES, width=WIDTH, height=HEIGHT, seed=1)
     make_sample.write_video(work / "clip.mp4", frames)
@@ -236,4 +236,4 @@ def test_the_installed_model_runs_from_its_shipped_weights(venv):
     assert got.shape == (FRAMES, 1, HEIGHT, WIDTH) and read_checked(store, "tracked").all()
     inter = (got[1:, 0] & truth[1:]).sum()
     union = (got[1:, 0] | truth[1:]).sum()
-    assert inter / union >= 0.4, inter / union
+    assert inter / union >= 0.6, inter / union
