@@ -9,9 +9,9 @@ multimask outputs, L1 between the predicted and the real IoU of that mask, and b
 cross-entropy on the object score; masks are only supervised where the object is visible.
 Departures from SAM 2's recipe, each measured on short runs: the focal loss weighs positives
 0.75 (`frame_losses`), memory attention starts out local (`look_where_it_was`), the learning
-rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, the IoU head is supervised on
-the chosen mask only (SAM 2.1's config supervises all three) and clicks sit at pixel centres
-(SAM 2's prompt encoder adds its own half pixel).
+rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, clicks sit at pixel centres (SAM 2's
+prompt encoder adds its own half pixel). The IoU head learns the chosen mask's IoU only
+unless `--all-iou` (SAM 2.1's config supervises all three).
 
 `--prompt-frames N` adds SAM's image-level task (`prompt_loss`): on N frames of each clip
 every visible object is prompted alone by a box, a click, and a click with an outside one,
@@ -42,6 +42,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,18 @@ WEIGHTS = HERE.parent / "pipeline" / "weights" / "segpipe_tiny.pt"  # segpipe.mo
 SIZE = 128  # the image size it trains at (the shipped weights record it)
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+@dataclass(frozen=True)
+class Losses:
+    """How the losses are weighed. `alpha`: the focal loss's weight of positives: SAM 2 uses
+    0.25 (its masks are large); on these small objects 0.25 trains every mask to empty first,
+    while 0.75 does not. `all_iou`: the IoU head learns every mask's IoU (SAM 2.1's
+    `supervise_all_iou`), not only the chosen one's: while tracking (multimask), the mask it
+    rates best is the one carried on."""
+
+    alpha: float = 0.75
+    all_iou: bool = False
 
 
 def build(seed: int, size: int = SIZE):
@@ -119,7 +132,7 @@ def frame0_inputs(rng, masks0: np.ndarray):
 
 
 def clip_loss(
-    model, frames: torch.Tensor, masks: torch.Tensor, rng, alpha: float = 0.75
+    model, frames: torch.Tensor, masks: torch.Tensor, rng, losses: Losses = Losses()
 ) -> tuple[torch.Tensor, dict]:
     """Track the clip's objects from a frame-0 prompt; the summed SAM 2 losses over frames."""
     T, O = masks.shape[:2]
@@ -139,7 +152,7 @@ def clip_loss(
         out["pred_masks_high_res"], out["obj_ptr"] = high_best, obj_ptr
         model._encode_memory_in_output(cur, sizes, point_inputs, True, high_best, score_logits, out)
         output["cond_frame_outputs" if t == 0 else "non_cond_frame_outputs"][t] = out
-        parts = frame_losses(high_multi, ious, score_logits, masks[t].float(), alpha)
+        parts = frame_losses(high_multi, ious, score_logits, masks[t].float(), losses)
         for k, v in parts.items():
             totals[k] += float(v.detach()) if t > 0 or k != "tracked_iou" else 0.0
         loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
@@ -178,7 +191,7 @@ def prompt_kinds(rng, masks_t: np.ndarray) -> list[dict]:
 
 
 def prompt_loss(
-    model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int, alpha: float = 0.75
+    model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int, losses: Losses = Losses()
 ):
     """SAM's image-level task on `count` frames of the clip: every visible object prompted
     alone on a frame, by a box, a click and a click with an outside one, through SAM 2's own
@@ -212,7 +225,7 @@ def prompt_loss(
                 None,
             )
             _, high_multi, pred_ious, _, _, _, score_logits = sam
-            parts = frame_losses(high_multi, pred_ious, score_logits, target.float(), alpha)
+            parts = frame_losses(high_multi, pred_ious, score_logits, target.float(), losses)
             loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
             ious, n = ious + float(parts["tracked_iou"]), n + 1
     if n == 0:  # no object seen on the picked frames
@@ -220,11 +233,10 @@ def prompt_loss(
     return loss / n, ious / n
 
 
-def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
+def frame_losses(logits, ious, score_logits, target, losses: Losses = Losses()):
     """SAM 2's MultiStepMultiMasksAndIous for one frame: logits (O, M, H, W), ious (O, M),
-    score_logits (O, 1), target (O, H, W). The focal loss weighs positives by `alpha`: SAM 2
-    uses 0.25 (its masks are large); on these small objects 0.25 trains every mask to empty
-    first, while 0.75 does not."""
+    score_logits (O, 1), target (O, H, W), weighed as `losses` says."""
+    alpha = losses.alpha
     O, M = logits.shape[:2]
     present = target.flatten(1).any(1).float()  # (O,)
     tgt = target[:, None].expand(-1, M, -1, -1)
@@ -243,7 +255,10 @@ def frame_losses(logits, ious, score_logits, target, alpha: float = 0.75):
         inter = (pred & (tgt > 0)).flatten(2).sum(-1).float()
         union = (pred | (tgt > 0)).flatten(2).sum(-1).float()
         real_iou = inter / union.clamp(min=1)
-    iou = (ious[rows, best] - real_iou[rows, best]).abs()
+    if losses.all_iou:
+        iou = (ious - real_iou).abs().mean(1)
+    else:
+        iou = (ious[rows, best] - real_iou[rows, best]).abs()
     weight = present / present.sum().clamp(min=1)
     return {
         "tracked_iou": (real_iou[rows, best] * weight).sum(),
@@ -311,6 +326,12 @@ def main() -> None:
         help="the focal loss's weight of positives (SAM 2: 0.25; `frame_losses`)",
     )
     parser.add_argument(
+        "--all-iou",
+        action="store_true",
+        help="the IoU head learns all three masks' IoU (SAM 2.1's supervise_all_iou), not "
+        "only the chosen one's (`Losses`)",
+    )
+    parser.add_argument(
         "--prompt-only",
         action="store_true",
         help="train on SAM's image-level task alone (--prompt-frames frames a clip), no tracking",
@@ -333,6 +354,9 @@ def main() -> None:
         run["prompt_only"] = True
     if args.focal_alpha != 0.75:
         run["focal_alpha"] = args.focal_alpha
+    if args.all_iou:
+        run["all_iou"] = True
+    losses = Losses(args.focal_alpha, args.all_iou)
     run["init"] = str(args.init) if args.init else None
     model = build(args.seed, args.size)
     look_where_it_was(model)
@@ -376,11 +400,9 @@ def main() -> None:
             frames, masks, rng = clip
             loss, parts = None, {}
             if not args.prompt_only:
-                loss, parts = clip_loss(model, frames, masks, rng, args.focal_alpha)
+                loss, parts = clip_loss(model, frames, masks, rng, losses)
             if args.prompt_frames:
-                extra, iou = prompt_loss(
-                    model, frames, masks, rng, args.prompt_frames, args.focal_alpha
-                )
+                extra, iou = prompt_loss(model, frames, masks, rng, args.prompt_frames, losses)
                 if extra is not None:
                     loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
         if clip is not None and loss is not None:

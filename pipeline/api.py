@@ -182,6 +182,7 @@ def track(
     workers: int | None = None,
     scheduler: str | None = None,
     groups: int | None = None,
+    object_batch: int | None = None,
 ) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
@@ -204,8 +205,14 @@ def track(
 
     `workers` / `scheduler`: on Dask (as `encode`), the forward and reverse passes side by
     side, each in `groups` groups of objects (default: one per worker; one under
-    `non_overlap`), which give the same masks (SAM 2 tracks each object alone); without
+    `non_overlap` and `object_batch`), which give the same masks (SAM 2 tracks each object alone); without
     Dask the groups run one after another.
+
+    `object_batch` (None: the store's, else 1): up to that many objects of a frame through
+    SAM 2's step at once, as SAM 2's legacy predictor batches them, for a GPU that one
+    object's step leaves idle. Not bit for bit SAM 2's predictor (a few pixels differ;
+    `benchmarks/bench_objects.py` measures it); a setting like the others, so changing it
+    tracks anew, and the objects run as one group.
 
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
@@ -226,6 +233,7 @@ def track(
             non_overlap=non_overlap,
             score_threshold=score_threshold,
             object_start=object_start,
+            object_batch=object_batch,
             frames=frames,
             cluster=cluster,
             groups=groups,
@@ -299,6 +307,7 @@ def run(
     workers: int | None = None,
     scheduler: str | None = None,
     groups: int | None = None,
+    object_batch: int | None = None,
 ) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
     with each chunk encoded just before a pass tracks it and exported (`exports`, default
@@ -411,6 +420,7 @@ def run(
                 object_start=object_start,
                 frames=frames,
                 groups=groups,
+                object_batch=object_batch,
             ),
         )
     return Run(store)

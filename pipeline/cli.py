@@ -224,7 +224,18 @@ GROUPS = click.option(
     metavar="G",
     help="Track the objects in G groups, each on its own (the same masks: SAM 2 tracks "
     "each object alone): side by side on Dask workers, one after another here; one "
-    "group under --non-overlap.  [default: one per Dask worker, else one]",
+    "group under --non-overlap and --object-batch.  [default: one per Dask worker, else one]",
+)
+OBJECT_BATCH = click.option(
+    "--object-batch",
+    "object_batch",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="K",
+    help="Up to K objects of a frame through SAM 2's step at once, as its legacy predictor "
+    "batches them (for a GPU that one object's step leaves idle). Not bit for bit SAM 2's "
+    "predictor: a few pixels differ. The objects then run as one group.  "
+    "[default: 1, or the store's]",
 )
 FORCE = click.option(
     "--force",
@@ -347,6 +358,7 @@ def encode(store, **options):
 @DEVICE
 @dask_options
 @GROUPS
+@OBJECT_BATCH
 @FORCE_AGAIN
 @QUIET
 def track(store, prompts, **options):
@@ -439,6 +451,7 @@ def export(store, fmt, out, **options):
 @DEVICE
 @dask_options
 @GROUPS
+@OBJECT_BATCH
 @FORCE
 @NO_SPACE_CHECK
 @QUIET

@@ -16,8 +16,42 @@ import make_sample  # noqa: E402
 
 from segpipe.store.ledger import DONE_RECORD  # noqa: E402
 
-IMAGE_SIZE = 128  # SAM 2 at 128: every property tested holds at any size, 4x cheaper
+IMAGE_SIZE = 64  # SAM 2 at 64: every property tested holds at any size, and 64 is cheap
 SEED = 0
+
+# The tests' files (stores, videos, exports) go to a RAM disk where one has room: a store
+# fsyncs every chunk and folder it commits, and on a virtual disk those waits are a large
+# part of a test's time (one: 63 s there, 15 s on tmpfs, whose fsync returns at once). Every
+# call is the same (writes, renames, fsyncs, kills); only power loss, which no test can cut,
+# would tell the two apart. The folder goes when the run passes; a failed run's stays for a
+# look until the next run (its process gone) removes it. SEGPIPE_TEST_DISK=1 keeps pytest's
+# own temporary folder.
+TMPFS, TMPFS_ROOM, TMPFS_PREFIX = Path("/dev/shm"), 8 * 2**30, "segpipe-tests-"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or config.option.basetemp is not None:
+        return  # an xdist worker takes the controller's folder (a subfolder of it)
+    if os.environ.get("SEGPIPE_TEST_DISK") or not TMPFS.is_dir():
+        return
+    import shutil
+    import tempfile
+
+    for old in TMPFS.glob(f"{TMPFS_PREFIX}*-*"):  # left by runs that failed or were killed
+        pid = old.name[len(TMPFS_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    if shutil.disk_usage(TMPFS).free >= TMPFS_ROOM:
+        folder = tempfile.mkdtemp(prefix=f"{TMPFS_PREFIX}{os.getpid()}-", dir=TMPFS)
+        config.option.basetemp = config._segpipe_tmpfs = folder
+
+
+def pytest_sessionfinish(session, exitstatus):
+    folder = getattr(session.config, "_segpipe_tmpfs", None)
+    if folder is not None and exitstatus == 0:  # it holds RAM
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
@@ -137,7 +171,7 @@ def clip_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small(tmp_path_factory) -> Path:
-    """A 24-frame clip for whole runs at image size 128 in chunks of 4 (`run_args`), prompted
+    """A 24-frame clip for whole runs at `IMAGE_SIZE` in chunks of 4 (`run_args`), prompted
     on frames 5, 8 and 11."""
     root = tmp_path_factory.mktemp("small")
     frames, masks = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
@@ -157,7 +191,7 @@ def run_args(small: Path, store: Path) -> tuple:
         "--chunk-size",
         4,
         "--image-size",
-        128,
+        IMAGE_SIZE,
         "--random-weights",
         0,
     )
@@ -170,7 +204,7 @@ def run_in_process(small: Path, store: Path, video: Path | None = None, **option
     more of `segpipe.run`'s keyword arguments."""
     import segpipe as api
 
-    settings = dict(chunk_size=4, image_size=128, random_weights=0, progress=False)
+    settings = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
     video = small / "clip.mp4" if video is None else video
     return api.run(video, store, small / "prompts.json", **{**settings, **options})
 

@@ -10,14 +10,14 @@ import make_sample
 import numpy as np
 import pytest
 import zarr
-from conftest import ROOT
+from conftest import IMAGE_SIZE, ROOT
 from oracle import oracle_tracking, same_bits
 from PIL import Image
 
 import segpipe
 from segpipe import prompts as prompt_file
 
-SIZE = 128
+SIZE = IMAGE_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_reading_one_mask_reads_only_its_object_and_frames(tmp_path):
         store,
         tmp_path / "prompts.json",
         chunk_size=8,
-        image_size=128,
+        image_size=IMAGE_SIZE,
         random_weights=0,
         exports=[],
         progress=False,

@@ -24,6 +24,7 @@ from pathlib import Path
 import distributed  # noqa: E402,F401 - `make test` installs the dask extra: missing, these fail
 import pytest
 from conftest import (  # noqa: E402
+    IMAGE_SIZE,
     ROOT,
     assert_same_store,
     assert_user_error,
@@ -343,7 +344,7 @@ def test_dataset_on_two_workers_is_the_single_process_run(
     args = dict(
         video_list_file="list.txt",
         checkpoint="ckpt.pt",
-        image_size=128,
+        image_size=IMAGE_SIZE,
         chunk_size=4,
         device="cpu",
         progress=False,
@@ -368,7 +369,7 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     import segpipe as api
 
     store = tmp_path / "clip.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
+    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
     (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
     proc = segpipe(
         "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
@@ -504,7 +505,7 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
     args = dict(
         video_list_file=root / "list.txt",
         random_weights=0,
-        image_size=128,
+        image_size=IMAGE_SIZE,
         chunk_size=4,
         device="cpu",
         progress=False,
@@ -517,7 +518,7 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
     assert status["bear"] == "done", status
     assert status["cows"].startswith("failed: ") and "unreadable image" in status["cows"]
     oracle_video(
-        oracle_predictor(128, 0, postprocessing=False, per_obj=False),
+        oracle_predictor(IMAGE_SIZE, 0, postprocessing=False, per_obj=False),
         dataset / "JPEGImages",
         dataset / "Annotations",
         tmp_path / "theirs",
@@ -650,7 +651,7 @@ def test_resume_after_a_kill_between_the_feature_levels_on_two_workers(
 
     # decoded and encoded in this process, by what `segpipe decode` and `encode` call
     decoded = tmp_path / "decoded.zarr"
-    api.decode(small / "clip.mp4", decoded, chunk_size=8, image_size=128, progress=False)
+    api.decode(small / "clip.mp4", decoded, chunk_size=8, image_size=IMAGE_SIZE, progress=False)
     reference = tmp_path / "reference.zarr"  # 3 chunks, encoded in one process
     shutil.copytree(decoded, reference)
     api.encode(reference, random_weights=0, progress=False)

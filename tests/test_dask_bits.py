@@ -9,7 +9,15 @@ import subprocess
 import sys
 
 import distributed  # noqa: F401 - `make test` installs the dask extra: missing, these fail
-from conftest import ROOT, assert_same_store, assert_user_error, run_args, segpipe, tree_digest
+from conftest import (
+    IMAGE_SIZE,
+    ROOT,
+    assert_same_store,
+    assert_user_error,
+    run_args,
+    segpipe,
+    tree_digest,
+)
 from test_dask import scheduler  # noqa: F401 - a fixture
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -75,7 +83,7 @@ def test_a_worker_that_computes_other_bits_is_refused_in_one_line(small, schedul
         "--chunk-size",
         4,
         "--image-size",
-        128,
+        IMAGE_SIZE,
         "--quiet",
         check=True,
     )

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_user_error, ledger_count, segpipe, tree_mtimes, wait_for
+from conftest import IMAGE_SIZE, assert_user_error, ledger_count, segpipe, tree_mtimes, wait_for
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 import make_sample  # noqa: E402
 
-IMAGE_SIZE, SEED, CHUNK = 128, 0, 4
+SEED, CHUNK = 0, 4
 VIDEOS = {"bear": (10, 11), "cows": (9, 12), "dogs": (10, 13)}  # frames, clip seed
 ANNOTATED = {"bear": (0, 5), "cows": (0, 6), "dogs": (0, 5, 7)}  # frames with annotation PNGs
 LATER = ("dogs", 3, 5)  # object 3 of dogs is annotated from frame 5 on (the second chunk)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import zarr
 from conftest import (
+    IMAGE_SIZE,
     assert_user_error,
     ledger_count,
     popen_segpipe,
@@ -56,7 +57,7 @@ def long_clip(tmp_path_factory):
 
 def test_kill_mid_decode_then_resume_is_identical(tmp_path, long_clip):
     ref, store = tmp_path / "ref.zarr", tmp_path / "killed.zarr"
-    args = ("--chunk-size", 8, "--image-size", 128)
+    args = ("--chunk-size", 8, "--image-size", IMAGE_SIZE)
     segpipe("decode", long_clip, "--store", ref, *args, check=True)
     proc = popen_segpipe("decode", long_clip, "--store", store, *args)
     assert wait_for(lambda: ledger_count(store, "decode") >= 5, proc), (

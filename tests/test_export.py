@@ -435,7 +435,7 @@ def test_run_exports_all_three_next_to_the_store(tmp_path, clip_dir):
         "--prompts",
         clip_dir / "prompts.json",
         "--image-size",
-        128,
+        IMAGE_SIZE,
         "--chunk-size",
         16,
         "--random-weights",

@@ -96,7 +96,7 @@ def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, untra
     assert grid.shape == want.shape and not np.array_equal(grid, want)
     assert np.array_equal(grid[30:38, 50:58], want[30:38, 50:58])  # between the lines
 
-    store = untracked[1]  # the small clip decoded in chunks of 4 at 128 (and encoded)
+    store = untracked[1]  # the small clip decoded in chunks of 4 (and encoded)
     from_store = tmp_path / "from_store.png"
     proc = segpipe("frame", store, "--at", 13, "--out", from_store, "--grid", 0)
     assert proc.returncode == 0, proc.stderr

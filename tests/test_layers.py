@@ -55,6 +55,7 @@ LAYERS = {
         "segpipe.stages.track.groups",
         "segpipe.stages.track.supply",
         "segpipe.stages.track.shared",
+        "segpipe.stages.track.batch",
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.stage",
         "segpipe.stages.export",

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import (
+    IMAGE_SIZE,
     EncoderCalls,
     assert_same_store,
     assert_user_error,
@@ -176,7 +177,7 @@ def retrack(store: Path, prompts: Path, direction: str) -> int:
     from segpipe.model import Weights, build_model
     from segpipe.stages.track.stage import track
 
-    predictor = build_model("sam2.1_hiera_t", 128, Weights(random_seed=0))
+    predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=0))
     calls = EncoderCalls(predictor)
     try:
         track(store, prompts, direction, quiet=True, predictor=predictor)
@@ -197,7 +198,7 @@ def assert_same_as_fresh(small: Path, store: Path, prompts: Path, direction: str
         prompts,
         direction=direction,
         chunk_size=4,
-        image_size=128,
+        image_size=IMAGE_SIZE,
         random_weights=0,
         exports=[],
         progress=False,

@@ -1,6 +1,7 @@
 """data/train_tiny.py resumes: a run killed -9 between saves and run again ends with the same
 weights, bit for bit, as a run never stopped (the training's data, dropout and schedule all
-continue from the saved state), with the image-level prompt task on (`--prompt-frames`)."""
+continue from the saved state), with the image-level prompt task on (`--prompt-frames`) and
+the IoU head learning every mask's IoU (`--all-iou`)."""
 
 import os
 import signal
@@ -16,7 +17,8 @@ TRAIN = Path(__file__).resolve().parents[1] / "data" / "train_tiny.py"
 
 def _command(out: Path, state: Path) -> list[str]:
     return [sys.executable, str(TRAIN), "--out", str(out), "--state", str(state), "--steps", "6",
-            "--frames", "2", "--size", "64", "--log-every", "2", "--prompt-frames", "1"]  # fmt: skip
+            "--frames", "2", "--size", "64", "--log-every", "2", "--prompt-frames", "1",
+            "--all-iou"]  # fmt: skip
 
 
 def test_a_killed_training_continues_to_the_same_weights(tmp_path):
@@ -40,3 +42,23 @@ def test_a_killed_training_continues_to_the_same_weights(tmp_path):
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_all_iou_supervises_every_masks_predicted_iou():
+    """`Losses(all_iou=True)` (SAM 2.1's supervise_all_iou): the IoU head's loss covers the
+    three masks, not only the chosen one: here the chosen mask is right and rated right, the
+    two others wrong and rated perfect, which only the whole loss sees."""
+    import train_tiny
+
+    target = torch.zeros(1, 8, 8)
+    target[0, 2:6, 2:6] = 1
+    logits = torch.full((1, 3, 8, 8), -20.0)
+    logits[0, 0][target[0] > 0] = 20.0  # mask 0 is the object; masks 1 and 2 are empty
+    ious, score = torch.ones(1, 3), torch.full((1, 1), 10.0)
+    chosen = train_tiny.frame_losses(logits, ious, score, target, train_tiny.Losses())
+    every = train_tiny.frame_losses(logits, ious, score, target, train_tiny.Losses(all_iou=True))
+    assert float(chosen["iou"]) == 0.0
+    assert abs(float(every["iou"]) - 2 / 3) < 1e-6
+    assert torch.equal(chosen["focal"], every["focal"]) and torch.equal(
+        chosen["dice"], every["dice"]
+    )

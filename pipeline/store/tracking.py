@@ -106,10 +106,24 @@ def pick_options(store: RunStore, direction: str, **given) -> dict:
             f"their start (logit {ABSENT_LOGIT}); use a threshold above it"
         )
     options["score_threshold"] = float(threshold)
+    batch = options.pop("object_batch", 1)  # recorded only when on: 1 is no setting
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise BadInput(f"--object-batch must be a positive integer, got {batch!r}")
+    if batch > 1:
+        options["object_batch"] = batch
     options["postprocessing"], options["non_overlap"] = (
         bool(options["postprocessing"]),
         bool(options["non_overlap"]),
     )
+    return options
+
+
+def preview_options(store: RunStore, direction: str) -> dict:
+    """The options a preview of one frame depends on: the store's (`pick_options`), less the
+    object batch (how a tracking computes, not what a frame shows): changing it alone
+    rebuilds no model."""
+    options = pick_options(store, direction)
+    options.pop("object_batch", None)
     return options
 
 

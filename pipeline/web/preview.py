@@ -16,7 +16,7 @@ from segpipe.stages.track.stage import _build_predictor, _embeddings_weights
 from segpipe.stages.track.tracker import StoredFeatures, new_state, positional_encodings
 from segpipe.store.retention import has
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import pick_options, stored_settings
+from segpipe.store.tracking import preview_options, stored_settings
 
 
 class Previewer:
@@ -32,7 +32,7 @@ class Previewer:
 
     def model(self, store: RunStore):
         spec = store.attrs.get("model")
-        options = pick_options(store, (stored_settings(store) or {}).get("direction", "both"))
+        options = preview_options(store, (stored_settings(store) or {}).get("direction", "both"))
         if self.predictor is None or spec != self.built_for or options != self.options:
             built_for = spec
             if spec is not None:

@@ -497,9 +497,9 @@ def tracked_frames(store: RunStore) -> tuple[int, int]:
 
 
 def _options(studio: Studio) -> dict:
-    from segpipe.store.tracking import pick_options
+    from segpipe.store.tracking import preview_options
 
-    return pick_options(studio.store(), studio.direction)
+    return preview_options(studio.store(), studio.direction)
 
 
 class ChunkMasks:

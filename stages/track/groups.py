@@ -4,7 +4,8 @@ In sam2 1.1.0 `propagate_in_video` tracks each object alone (`batch_size=1`, onl
 image features shared), so a pass over O objects can run as groups of objects, each a
 sequential pass over the chunks with its own memory, giving exactly the masks of the whole
 at the thread count each group runs with. What couples objects is the output under
-non-overlap (every object's logits of a frame): such a tracking runs as one group.
+non-overlap (every object's logits of a frame), and under `--object-batch` the batches
+(`stages.track.batch`): such a tracking runs as one group (`coupled`).
 
 Everything a group writes is its objects' own (`memory/<dir>/<slot>/`, the objects' ledgers,
 their zarr chunks of the results), so groups side by side never write one file, and each
@@ -29,6 +30,13 @@ def split(slots: list[int], n: int) -> list[list[int]]:
     return parts
 
 
+def coupled(options: dict) -> bool:
+    """Whether the tracking's objects are computed together, so run as one group: under
+    non-overlap (each pixel's owner needs every object's logits) and under `--object-batch`
+    (a batched step's bits depend on the batch: `stages.track.batch`)."""
+    return bool(options["non_overlap"]) or options.get("object_batch", 1) > 1
+
+
 def object_todo(store: RunStore, direction: str, slots: list[int], chunks: list[int]) -> list[int]:
     """The chunks of `chunks` (in their order) some object of `slots` has not done."""
     left = set()
@@ -46,12 +54,12 @@ def object_groups(
     together: bool = False,
 ) -> list[list[int]]:
     """The groups (object slots, contiguous) pass `direction` runs, those with chunks left:
-    the tracking's objects in `groups` parts (one under non-overlap), each cut where its
+    the tracking's objects in `groups` parts (one when `coupled`), each cut where its
     objects' ledgers differ (a kill between two objects' records, or a run in other groups
-    stopped), so the objects of a group resume from one snapshot. Under non-overlap the one
+    stopped), so the objects of a group resume from one snapshot. When coupled the one
     group is every object, redoing a chunk for those that had it done (the same bits)."""
     n = len(store.attrs["track"]["object_ids"])
-    if options["non_overlap"] or together:  # (together: `--keep masks` in one process)
+    if coupled(options) or together:  # (together: `--keep masks` in one process)
         every = list(range(n))
         return [every] if object_todo(store, direction, every, chunks) else []
     return [

@@ -35,7 +35,7 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
-from segpipe.stages.track.groups import cut, object_groups, object_todo
+from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
@@ -139,6 +139,7 @@ def track(
     non_overlap: bool | None = None,
     score_threshold: float | None = None,
     object_start: str | None = None,
+    object_batch: int | None = None,
     on_commit=None,
     batch_size: int = 1,
     cluster=None,
@@ -166,8 +167,10 @@ def track(
     work to do.
 
     `groups`: the objects are tracked in that many groups (`stages.track.groups`; one
-    under non-overlap), one after another here, side by side on Dask workers (None: one
-    here, one per worker there)."""
+    under non-overlap or `object_batch`), one after another here, side by side on Dask
+    workers (None: one here, one per worker there). `object_batch` (None: the store's, else
+    1): up to that many objects of a frame through SAM 2's step at once, as its legacy
+    predictor batches them (`stages.track.batch`: not bit for bit SAM 2's predictor)."""
     if groups is not None and (
         isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
     ):
@@ -184,6 +187,7 @@ def track(
         non_overlap=non_overlap,
         score_threshold=score_threshold,
         object_start=object_start,
+        object_batch=object_batch,
     )
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
@@ -196,6 +200,13 @@ def track(
         sweep(store)
         log.info("track: already complete", quiet)
         return store
+    if (groups or 1) > 1 and coupled(options):
+        log.info(
+            "track: the objects in one group (under --non-overlap or --object-batch they "
+            "are computed together)",
+            quiet,
+        )
+        groups = 1
     if cluster is None and (groups or 1) > 1 and keep_setting(store) == "masks":
         log.info(
             "track: one group here under --keep masks (each group would read every chunk's "
@@ -376,7 +387,7 @@ def run_passes(
             # groups that stopped) redo their chunks, bit for bit
             together = keep_setting(store) == "masks"
             parts = object_groups(store, d, chunks, groups, settings["options"], together)
-        elif settings["options"]["non_overlap"]:  # every object together, whatever each has
+        elif coupled(settings["options"]):  # every object together, whatever each has
             parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
         else:
             parts = cut(store, d, chunks, list(groups))

@@ -12,7 +12,9 @@ import torch
 
 from segpipe import log
 from segpipe import prompts as prompt_file
+from segpipe.errors import BadInput
 from segpipe.plan import ChunkPlan, Span
+from segpipe.stages.track.batch import batches, one_of, stacked
 from segpipe.stages.track.groups import object_todo
 from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
 from segpipe.stages.track.shared import PerFrame
@@ -185,6 +187,12 @@ class Tracker:
         self.threshold = float(options["score_threshold"])
         # "own": each object is tracked from its own first prompt (forward passes only)
         self.own = options["object_start"] == "own"
+        self.object_batch = int(options.get("object_batch", 1))  # `stages.track.batch`
+        if self.object_batch > 1 and predictor.non_overlap_masks_for_mem_enc:
+            raise BadInput(
+                "--object-batch: this model applies non-overlap to the masks it remembers, "
+                "which would couple a batch's objects; track without it"
+            )
         firsts = {}
         for p in prompts:
             firsts[p.object_id] = min(p.frame, firsts.get(p.object_id, p.frame))
@@ -315,37 +323,53 @@ class Tracker:
 
     def track_frame(self, f: int, state: dict, memory: TrackerMemory) -> tuple[list, list]:
         """Every object's SAM 2 step on frame f, one after another as SAM 2 tracks them (a
-        prompted frame's output is the stored one), the frame's object-independent steps
-        done once (`PerFrame`). Returns each object's score logits and low-res logits (None
-        where it has not started)."""
-        scores, logits = [], []
+        prompted frame's output is the stored one; under `--object-batch`, in batches:
+        `stages.track.batch`), the frame's object-independent steps done once (`PerFrame`).
+        Returns each object's score logits and low-res logits (None where it has not
+        started)."""
+        device = self.predictor.device
+        scores, logits, todo = [], [], []
+        for o in range(len(memory.objects)):
+            cond = state["output_dict_per_obj"][o]["cond_frame_outputs"]
+            if f < self.first[o]:  # not yet started: not tracked
+                scores.append(torch.full((1,), float("nan"), device=device))
+                logits.append(None)
+            elif f in cond:
+                scores.append(cond[f]["object_score_logits"].reshape(1))
+                logits.append(cond[f]["pred_masks"])
+            else:
+                scores.append(None)
+                logits.append(None)
+                todo.append(o)
         with self.shared.frame():
-            for o, obj in enumerate(memory.objects):
-                if f < self.first[o]:  # not yet started: not tracked
-                    scores.append(torch.full((1,), float("nan"), device=self.predictor.device))
-                    logits.append(None)
-                    continue
-                out_dict = state["output_dict_per_obj"][o]
-                if f in out_dict["cond_frame_outputs"]:
-                    out = out_dict["cond_frame_outputs"][f]
-                    pred = out["pred_masks"]
-                else:
-                    out, pred = self.predictor._run_single_frame_inference(
-                        inference_state=state,
-                        output_dict=out_dict,
-                        frame_idx=f,
-                        batch_size=1,
-                        is_init_cond_frame=False,
-                        point_inputs=None,
-                        mask_inputs=None,
-                        reverse=self.reverse,
-                        run_mem_encoder=True,
-                    )
-                    out_dict["non_cond_frame_outputs"][f] = out
-                    obj.recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
-                scores.append(out["object_score_logits"].reshape(1))
-                logits.append(pred)
+            for objs in batches(todo, state, self.object_batch):
+                for o, out, pred in self.step(f, state, objs):
+                    state["output_dict_per_obj"][o]["non_cond_frame_outputs"][f] = out
+                    memory.objects[o].recent[f] = FrameOutput.from_sam2(out, keep_logits=False)
+                    scores[o] = out["object_score_logits"].reshape(1)
+                    logits[o] = pred
         return scores, logits
+
+    def step(self, f: int, state: dict, objs: list[int]):
+        """SAM 2's step on frame f for the objects `objs` (one: as its predictor runs it;
+        more: stacked, `stages.track.batch`); yields (slot, output, low-res logits)."""
+        dicts = [state["output_dict_per_obj"][o] for o in objs]
+        out, pred = self.predictor._run_single_frame_inference(
+            inference_state=state,
+            output_dict=dicts[0] if len(objs) == 1 else stacked(dicts, self.pos),
+            frame_idx=f,
+            batch_size=len(objs),
+            is_init_cond_frame=False,
+            point_inputs=None,
+            mask_inputs=None,
+            reverse=self.reverse,
+            run_mem_encoder=True,
+        )
+        if len(objs) == 1:
+            yield objs[0], out, pred
+            return
+        for i, o in enumerate(objs):
+            yield o, one_of(out, i, self.pos), pred[i : i + 1]
 
     def load_features(self, k: int, lo: int, hi: int) -> None:
         """Load chunk k's features; read the next chunk's ahead if they are ready."""
