@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -158,21 +159,18 @@ def main() -> int:
                             file=sys.stderr,
                         )
                         same = False
-                if args.object_batch > 1:
-                    run = segpipe.run(
-                        video,
-                        folder / f"{name}_{direction}_batch.zarr",
+                if args.object_batch > 1:  # the first store's frames and features, tracked again
+                    batch = folder / f"{name}_{direction}_batch.zarr"
+                    shutil.rmtree(batch, ignore_errors=True)
+                    shutil.copytree(folder / f"{name}_{direction}_c{chunk_sizes[0]}.zarr", batch)
+                    run = segpipe.track(
+                        batch,
                         prompts,
-                        chunk_size=chunk_sizes[0],
-                        image_size=size,
-                        model=args.model,
-                        checkpoint=args.checkpoint,
                         direction=direction,
+                        checkpoint=args.checkpoint,
                         non_overlap=args.non_overlap,
                         object_batch=args.object_batch,
-                        exports=[],
                         progress=False,
-                        force=True,
                     )
                     masks, scores = run.masks(), run.scores
                     batched.append(score_masks(name, truth, masks, unscored=(frame,)))

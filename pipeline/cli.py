@@ -203,12 +203,10 @@ def dask_options(f):
         "they must see the store and inputs at the same paths (a shared "
         "file system).",
     )(f)
-    f = click.option(
+    f = count_option(
         "--workers",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="N",
-        help="Run on a local Dask cluster of N worker processes, one task at a "
+        "N",
+        "Run on a local Dask cluster of N worker processes, one task at a "
         "time each, each at this process's torch thread count // N (OMP_NUM_THREADS "
         "where set, else the cores'): its results are those of one process started "
         "with OMP_NUM_THREADS at that count (pip install 'segpipe[dask]').  "
@@ -217,22 +215,22 @@ def dask_options(f):
     return f
 
 
-GROUPS = click.option(
+def count_option(flag: str, metavar: str, help: str):
+    """An option taking a positive count, None when not given (the store's or the default)."""
+    return click.option(flag, type=click.IntRange(min=1), default=None, metavar=metavar, help=help)
+
+
+GROUPS = count_option(
     "--groups",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="G",
-    help="Track the objects in G groups, each on its own (the same masks: SAM 2 tracks "
+    "G",
+    "Track the objects in G groups, each on its own (the same masks: SAM 2 tracks "
     "each object alone): side by side on Dask workers, one after another here; one "
     "group under --non-overlap and --object-batch.  [default: one per Dask worker, else one]",
 )
-OBJECT_BATCH = click.option(
+OBJECT_BATCH = count_option(
     "--object-batch",
-    "object_batch",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="K",
-    help="Up to K objects of a frame through SAM 2's step at once, as its legacy predictor "
+    "K",
+    "Up to K objects of a frame through SAM 2's step at once, as its legacy predictor "
     "batches them (for a GPU that one object's step leaves idle). Not bit for bit SAM 2's "
     "predictor: a few pixels differ. The objects then run as one group.  "
     "[default: 1, or the store's]",
