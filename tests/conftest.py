@@ -54,10 +54,50 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+_forkcli = []  # this process's forking server (forkcli.py), made on first use
+_ENVIRONMENT = dict(os.environ)  # the test process's, before any test changed it
+
+
+def forkcli_server():
+    """This process's `forkcli.Server` (commands forked from a process that has imported
+    them), if it runs commands as a new process would: the environment is the one it
+    started with. None under SEGPIPE_TEST_NO_FORK=1 (every command a new interpreter)."""
+    if os.environ.get("SEGPIPE_TEST_NO_FORK"):
+        return None
+    if not _forkcli:
+        import atexit
+        import tempfile
+
+        import forkcli
+
+        folder = tempfile.mkdtemp(prefix="segpipe-forkcli-")
+        _forkcli.append(forkcli.Server(folder, _ENVIRONMENT))
+        atexit.register(_forkcli[0].close)
+    return _forkcli[0] if _forkcli[0].usable() else None
+
+
+def shell_env() -> dict:
+    """The environment of a shell in which `segpipe` is the command a user has: the
+    installed one, forked by `forkcli_server()` where it may be."""
+    path = [str(Path(sys.executable).parent), os.environ["PATH"]]
+    server = forkcli_server()
+    if server is not None:
+        path.insert(0, server.shim())
+    return {**os.environ, "PATH": os.pathsep.join(path)}
+
+
 def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess."""
+    """Run the real CLI in a new process: a fork of a process that has imported it
+    (`forkcli_server`), or a new interpreter (with `env`, or where the server may not)."""
+    argv = [*map(str, args)]
+    server = forkcli_server() if env is None and not set(kw) - {"timeout"} else None
+    if server is not None:
+        proc = server.run(argv, cwd=ROOT, **kw)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"segpipe {' '.join(argv)} failed:\n{proc.stderr}")
+        return proc
     proc = subprocess.run(
-        [sys.executable, "-m", "segpipe.cli", *map(str, args)],
+        [sys.executable, "-m", "segpipe.cli", *argv],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -69,13 +109,44 @@ def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-def popen_segpipe(*args) -> subprocess.Popen:
+def spawn(argv, code=None, stdout=None, stderr=None):
+    """`subprocess.Popen([python, -m, segpipe.cli, *argv])` (with `code`: `[python, -c, code,
+    *argv]`) in segpipe's folder, text mode, stdin empty, stdout and stderr each PIPE, DEVNULL
+    or None; forked by `forkcli_server` where it may."""
+    argv = [*map(str, argv)]
+    server = forkcli_server()
+    if server is not None:
+        return server.spawn(argv, ROOT, code, stdout, stderr)
+    head = ["-c", code] if code is not None else ["-m", "segpipe.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *map(str, args)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, *head, *argv],
         cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
     )
+
+
+def run_code(code: str, *args, timeout=None) -> subprocess.CompletedProcess:
+    """`python -c <code> <args>` in segpipe's folder, its output captured (text); forked by
+    `forkcli_server` where it may."""
+    argv = [*map(str, args)]
+    server = forkcli_server()
+    if server is not None:
+        return server.run(argv, ROOT, timeout, code=code)
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def popen_segpipe(*args):
+    """Start the real CLI (as `segpipe` does), its output discarded."""
+    return spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def tree_digest(path: Path) -> dict:

@@ -9,6 +9,10 @@ process installs one of these, then does its work, and kills itself (SIGKILL) th
 - `at_unlink(nth, under)`: at the `nth` file removal (of a path under the folder `under`,
   when given), and folders listed with their zarr.json first (as some file systems list
   them), so a removal interrupted there has removed a node's metadata before its chunks.
+- `hold_at_next_record(part, claim, release)`: before this process records done a second
+  chunk in a ledger `ledger/<part>...` (a stage, a pass's objects, `export_`), hold until the file `release` exists, if it
+  is the first process to get there (it creates `claim`, holding its pid); the others go
+  on. A kill of the claimant then lands mid-task, one chunk or more committed before it.
 
 Used in a subprocess: `python -c "import kill_points; kill_points.mid_write(...); ..."`
 with tests/ on sys.path (`cli(argv)` runs segpipe's command line after installing).
@@ -70,6 +74,37 @@ def wait_before_write(part: str, nth: int, flag: str) -> None:
         return opened(self, mode, *args, **kwargs)
 
     pathlib.Path.open = waiting_open
+
+
+def hold_at_next_record(part: str, claim: str, release: str):
+    """(Returns a function that takes the hold away again.)"""
+    import time
+
+    opened, first = pathlib.Path.open, []
+
+    def holding_open(self, mode="r", *args, **kwargs):
+        path = str(self)
+        if "w" in mode and f"/ledger/{part}" in path and "/c/" in path:
+            chunk = path.rsplit("/c/", 1)[1].split(".")[0]  # (zarr writes c/<k>.<id>.partial)
+            first.append(chunk) if not first else None
+            if chunk != first[0] and not os.path.exists(claim):
+                try:
+                    fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    fd = None
+                if fd is not None:
+                    os.write(fd, str(os.getpid()).encode())
+                    os.close(fd)
+                    while not os.path.exists(release):
+                        time.sleep(0.01)
+        return opened(self, mode, *args, **kwargs)
+
+    pathlib.Path.open = holding_open
+
+    def undo():
+        pathlib.Path.open = opened
+
+    return undo
 
 
 class _ZarrJsonFirst:

@@ -105,24 +105,32 @@ def running(client, prefix: str) -> dict[str, int]:
     }
 
 
-def kill_worker_running(client, prefix: str, store: Path, stage: str, total: int, proc):
-    """SIGKILL a worker process while it executes a task named `prefix`, once `stage` has
-    committed between 1 and total-1 chunks. Returns (the chunks committed at the kill, the
-    time of the kill)."""
-    found = {}
+def kill_held_worker(store: Path, stage: str, total: int, hold: Path, proc):
+    """SIGKILL the worker process that holds (`kill_points.hold_at_next_record`) before
+    committing its second chunk of `stage` (it has committed one), then let the other
+    workers go on. Returns (the chunks committed at the kill, the time of the kill)."""
+    claim, release = hold / "claim", hold / "release"
 
-    def mid_task():
-        done = ledger_count(store, stage)
-        if 1 <= done < total:
-            found.update(running(client, prefix))
-        return bool(found)
+    def held():
+        return claim.exists() and claim.read_text() != ""
 
-    assert wait_for(mid_task, proc, timeout=120), "the stage ended before a kill could land"
-    os.kill(next(iter(found.values())), signal.SIGKILL)
+    assert wait_for(held, proc, timeout=180), "no worker held mid-stage"
+    os.kill(int(claim.read_text()), signal.SIGKILL)
     killed_at = time.time()
     done = committed(store, stage)
-    assert 1 <= len(done) < total, done  # the kill landed mid-stage, its task unfinished
+    release.touch()
+    assert_mid_stage(store, stage, total)
     return done, killed_at
+
+
+def assert_mid_stage(store: Path, stage: str, total: int) -> None:
+    """Some chunk of `stage` committed (for some object, in a pass), not every chunk (for
+    every object): the kill landed mid-stage."""
+    if stage.startswith("track_"):
+        each = [len(committed(store, f"{stage}/{s}")) for s in range(3)]
+    else:
+        each = [len(committed(store, stage))]
+    assert max(each) >= 1 and min(each) < total, (stage, each)
 
 
 def committed(store: Path, stage: str) -> dict[int, float]:
@@ -138,7 +146,14 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
     worker). Dask runs the lost tasks again on a worker that lives; the encode task encodes
     its chunk, the group's pass resumes from its objects' last committed chunk; the store
     and exports are the single-process run's."""
+    from dask_holds import HoldAtNextRecord
+
     store = tmp_path / "clip.zarr"
+    holds = {stage: tmp_path / f"hold-{stage}" for stage in ("encode", "track_forward")}
+    for stage, hold in holds.items():  # in the workers the cluster has and those it starts
+        hold.mkdir()
+        plugin = HoldAtNextRecord(stage, str(hold / "claim"), str(hold / "release"))
+        cluster.register_plugin(plugin, name=f"hold-{stage}")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -153,13 +168,20 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
         stderr=subprocess.PIPE,
         text=True,
     )
-    encoded, encode_kill = kill_worker_running(cluster, "encode-", store, "encode", CHUNKS, proc)
-    forward = CHUNKS - 1  # chunks 1..5
-    tracked, pass_kill = kill_worker_running(
-        cluster, "track-forward-", store, "track_forward", forward, proc
-    )
-    objects = {s: committed(store, f"track_forward/{s}") for s in range(3)}  # 2 groups
-    _, err = proc.communicate(timeout=300)
+    try:
+        encoded, encode_kill = kill_held_worker(store, "encode", CHUNKS, holds["encode"], proc)
+        forward = CHUNKS - 1  # chunks 1..5
+        tracked, pass_kill = kill_held_worker(
+            store, "track_forward", forward, holds["track_forward"], proc
+        )
+        objects = {s: committed(store, f"track_forward/{s}") for s in range(3)}  # 2 groups
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for stage, hold in reversed(holds.items()):  # (the last one patched, undone first)
+            (hold / "release").touch()
+            cluster.unregister_worker_plugin(f"hold-{stage}")
+        proc.kill()
+        proc.wait()
     assert proc.returncode == 0, err
     assert_same_run(reference, store)
     for s, before in objects.items():  # each group resumed from its objects' own records
@@ -175,16 +197,41 @@ def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_
         assert all(after[k] == t for k, t in before.items()), stage
 
 
-def kill_client(args: list[str], when) -> None:
-    """Start `segpipe <args>` and kill -9 it once `when()` holds; its worker processes end
-    with it (nothing writes behind a rerun's back)."""
+HOLD_PRELOAD = """
+import os, sys
+
+sys.path.insert(0, os.environ["HOLD_TESTS"])
+import kill_points
+
+kill_points.hold_at_next_record(*(os.environ[f"HOLD_{v}"] for v in ("PART", "CLAIM", "RELEASE")))
+"""
+
+
+def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
+    """Start `segpipe <args>` whose workers hold (`kill_points.hold_at_next_record`) before
+    recording their second chunk of `stage`, and kill -9 it once a worker holds and `when()`
+    holds; its worker processes end with it (nothing writes behind a rerun's back)."""
     import psutil
 
+    hold.mkdir()
+    (hold / "preload.py").write_text(HOLD_PRELOAD)
+    env = {
+        **os.environ,
+        "DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(hold / "preload.py")]),
+        "HOLD_TESTS": str(ROOT / "tests"),
+        "HOLD_PART": stage,
+        "HOLD_CLAIM": str(hold / "claim"),
+        "HOLD_RELEASE": str(hold / "release"),
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "segpipe.cli", *args, "--quiet"],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     try:
-        assert wait_for(when, proc, timeout=180), "the run ended before the kill could land"
+        held = lambda: (hold / "claim").exists() and when()  # noqa: E731
+        assert wait_for(held, proc, timeout=180), "no worker held mid-stage"
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
     finally:
@@ -208,20 +255,20 @@ def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_
     it: the reverse pass starts (writes its prompted memory) after that commit."""
     store = tmp_path / "clip.zarr"
     args = [*map(str, run_args(small, store)), "--workers", "2"]
-    kill_client(args, lambda: 1 <= ledger_count(store, "encode") < CHUNKS)
+    kill_client(args, "encode", tmp_path / "hold1", lambda: True)
     encoded = committed(store, "encode")
-    assert 1 <= len(encoded) < CHUNKS
+    assert_mid_stage(store, "encode", CHUNKS)
     forward = CHUNKS - 1  # chunks 1..5
-    kill_client(args, lambda: 1 <= ledger_count(store, "track_forward") < forward)
+    kill_client(args, "track_forward", tmp_path / "hold2", lambda: True)
     tracked = committed(store, "track_forward")
-    assert 1 <= len(tracked) < forward
+    assert_mid_stage(store, "track_forward", forward)
     formats = [f"export_{f}" for f in RUN_FORMATS]
 
     def exports_done():
         return sum(len(committed(store, f)) for f in formats)
 
     before = exports_done()  # (exports follow the forward pass: some may be done)
-    kill_client(args, lambda: before < exports_done() < 3 * CHUNKS)
+    kill_client(args, "export_", tmp_path / "hold3", lambda: exports_done() > before)
     exported = {f: committed(store, f) for f in formats}
     assert before < sum(map(len, exported.values())) < 3 * CHUNKS  # mid-export
     rerun = segpipe(*args)

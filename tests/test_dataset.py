@@ -210,16 +210,11 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     ends with the oracle's PNGs."""
     import subprocess
 
-    from conftest import ROOT
+    from conftest import spawn
 
     out, work = tmp_path / "out", tmp_path / "work"
     args = [str(a) for a in dataset_args(dataset, out, work, [])]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     second = work / "cows.zarr"
     chunks = -(-VIDEOS["cows"][0] // CHUNK)
     try:

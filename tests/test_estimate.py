@@ -11,18 +11,17 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import (
-    ROOT,
     assert_user_error,
     ledger_count,
     make_sample,
     require_root,
     segpipe,
+    spawn,
     tree_digest,
     wait_for,
 )
@@ -263,21 +262,10 @@ def encoding(tmp_path_factory):
     clip = write_clip(root / "clip", 8, prompt_frames=(2, 4, 6))
     store = root / "s.zarr"
     api.decode(clip / "clip.mp4", store, chunk_size=1, image_size=256, progress=False)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "segpipe.cli",
-            "encode",
-            "--store",
-            str(store),
-            "--random-weights",
-            "0",
-            "--quiet",
-        ],
+    proc = spawn(
+        ["encode", "--store", store, "--random-weights", 0, "--quiet"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=ROOT,
     )
     try:
         assert wait_for(lambda: ledger_count(store, "encode") >= 3, proc, timeout=300)

@@ -13,13 +13,11 @@ start-up for each)."""
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import make_sample
 import pytest
-from conftest import ROOT, assert_same_store, run_args, tree_digest
+from conftest import assert_same_store, run_args, run_code, tree_digest
 from test_export_order import late_seeks, straight
 
 from segpipe.cli import cli
@@ -46,12 +44,7 @@ def killed(how: str, at: str, args, under: Path) -> None:
     removal under the folder `under` (`how` "unlink": not Dask's own clean-ups of its
     scratch folder), or halfway through writing the 2nd chunk file of the array whose
     path holds `at` (`how` "write"). Asserts that the kill landed."""
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLED, how, at, str(under), *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_code(KILLED, how, at, under, *args)
     assert proc.returncode == -signal.SIGKILL, (args, proc.stderr[-2000:])
 
 

@@ -22,6 +22,7 @@ from conftest import (
     run_args,
     run_in_process,
     segpipe,
+    spawn,
     tree_digest,
     wait_for,
 )
@@ -93,13 +94,7 @@ def test_kill_9_at_random_moments_across_all_stages(small, reference, tmp_path, 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_and_sigterm_stop_cleanly_and_resume(small, reference, tmp_path, signum, code):
     store = tmp_path / "run.zarr"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
+    proc = spawn(run_args(small, store), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert wait_for(lambda: ledger_count(store, "encode") >= 1, proc, timeout=300)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_args, segpipe, tree_digest
+from conftest import assert_user_error, run_args, segpipe, shell_env, tree_digest
 
 
 def untracked_args(small, store) -> tuple:
@@ -377,10 +377,8 @@ def test_the_readmes_own_video_block_runs_as_written(tmp_path):
     """The README's five lines, as a new user walks them on a video of their own (one the
     test makes): the frame is shown, the prompt's point is read off it and written, `run`
     prints where the masks went, and they are there."""
-    import os
     import re
     import subprocess
-    import sys
 
     import make_sample
     import numpy as np
@@ -393,7 +391,7 @@ def test_the_readmes_own_video_block_runs_as_written(tmp_path):
     make_sample.write_video(tmp_path / "my_video.mp4", frames)
     x, y = make_sample.centroid(masks[0, 0])  # the user reads this off frame0.png
     block = block.replace("[[120, 80]]", f"[[{x:.0f}, {y:.0f}]]")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = shell_env()
     proc = subprocess.run(
         ["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -493,9 +491,7 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
     with the shipped model (none needs a checkpoint or a cluster address): in pipeline
     order, in one folder, as a new user types them one after the other (the later ones
     work on the store the earlier ones made)."""
-    import os
     import subprocess
-    import sys
 
     import make_sample
     import numpy as np
@@ -523,7 +519,7 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
     from segpipe.cli import cli
 
     assert set(cli.commands) == set(order) - {None}  # every command's example is run
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = shell_env()
     ran = 0
     for command in order:
         examples = help_examples(command)

@@ -4,7 +4,6 @@ never takes an interruption for the end of the video."""
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import make_sample
 import numpy as np
 import pytest
 import zarr
-from conftest import ROOT, assert_same_store, ledger_count, popen_segpipe, segpipe, wait_for
+from conftest import assert_same_store, ledger_count, popen_segpipe, segpipe, spawn, wait_for
 
 ARGS = ("--chunk-size", 8, "--image-size", 64)
 OPTIONS = dict(chunk_size=8, image_size=64, progress=False)  # ARGS, as the API takes them
@@ -144,21 +143,10 @@ def test_double_ctrl_c_mid_decode_is_not_the_end_of_the_video(videos, references
     """The second Ctrl-C abandons the chunk in flight: exit 130, the frame count stays
     unrecorded, and the rerun completes to the uninterrupted store."""
     store = tmp_path / "s.zarr"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "segpipe.cli",
-            "decode",
-            str(videos["ts"]),
-            "--store",
-            str(store),
-            *map(str, ARGS),
-        ],
+    proc = spawn(
+        ["decode", videos["ts"], "--store", store, *ARGS],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
     )
     assert wait_for(lambda: ledger_count(store, "decode") >= 3, proc, timeout=120)
     proc.send_signal(signal.SIGINT)

@@ -6,7 +6,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,11 @@ from conftest import (
     popen_segpipe,
     read_checked,
     run_args,
+    run_code,
     run_in_process,
     same_values,
     segpipe,
+    spawn,
     tree_digest,
     wait_for,
 )
@@ -76,12 +77,8 @@ def recorded_run(store: Path, args) -> Path:
     """segpipe's command line with `args`, the feature files it opens recorded in a log
     beside `store` (returned)."""
     log = store.with_name("features.log")
-    subprocess.run(
-        [sys.executable, "-c", RECORDING, str(log), *map(str, args)],
-        cwd=Path(__file__).resolve().parents[1],
-        check=True,
-        capture_output=True,
-    )
+    proc = run_code(RECORDING, log, *args)
+    assert proc.returncode == 0, proc.stderr
     return log
 
 
@@ -349,12 +346,7 @@ def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, ke
     another thread) the rerun ends with the store of an uninterrupted run, array for array."""
     store = tmp_path / "run.zarr"
     args = [*map(str, run_args(small, store)), "--keep", keep]
-    proc = subprocess.run(
-        [sys.executable, "-c", KILL_MID_FEATURE_WRITE, part, *args],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
+    proc = run_code(KILL_MID_FEATURE_WRITE, part, *args)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert list(store.glob("features/**/*.partial")), "the kill landed mid-write"
     run_in_process(small, store, keep=keep)  # the same run again, to the end (in this process)
@@ -382,12 +374,11 @@ def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_p
     the store of an uninterrupted run."""
     store, flag = tmp_path / "run.zarr", tmp_path / "go"
     args = [*map(str, run_args(small, store)), "--keep", "all", "--quiet"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WAIT_BEFORE_FEATURE_WRITE, "/features/level0/c/3/", flag, *args],
-        cwd=Path(__file__).resolve().parents[1],
+    proc = spawn(
+        ["/features/level0/c/3/", flag, *args],
+        code=WAIT_BEFORE_FEATURE_WRITE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=300)

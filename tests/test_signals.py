@@ -13,6 +13,7 @@ from conftest import (
     ledger_count,
     run_args,
     run_in_process,
+    spawn,
     wait_for,
 )
 
@@ -36,13 +37,7 @@ def test_second_signal_always_exits_with_the_hint(small, tmp_path):
     outcomes = []
     for trial in range(4):
         signum = signal.SIGTERM if trial % 3 == 2 else signal.SIGINT
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "segpipe.cli", *map(str, args(small, store))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
+        proc = spawn(args(small, store), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         floor = progress(store) + 1
         if not wait_for(lambda: progress(store) >= floor, proc, timeout=300):
             proc.communicate()

@@ -448,42 +448,75 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
     assert tree_digest(store) == digest
 
 
+def write_tracking(store: Path, O: int) -> np.ndarray:
+    """Tracking results of O objects written into the small clip's store through zarr
+    (object k's mask: row k % 72); the masks."""
+    import zarr
+
+    T, H, W = 24, 72, 96
+    group = zarr.open_group(str(store), mode="r+")
+    for name in ("masks", "object_scores", "object_areas", "tracked"):
+        if name in group:
+            del group[name]
+    masks = np.zeros((T, O, H, W), bool)
+    for o in range(O):
+        masks[:, o, o % H, : o % W + 1] = True
+    group.create_array("masks", data=masks, chunks=(4, 1, H, W))
+    group.create_array("object_scores", data=np.ones((T, O), np.float32), chunks=(4, 1))
+    group.create_array("object_areas", data=masks.sum((2, 3)), chunks=(4, 1))
+    group.create_array("tracked", data=np.ones((T, O), bool), chunks=(4, 1))
+    group.attrs["track"] = {
+        "prompts_sha256": "set by the test",
+        "direction": "forward",
+        "object_ids": list(range(1, O + 1)),
+        "start_frame": 0,
+        "prompts": [{"object": 1, "frame": 0, "points": [[1.0, 1.0]], "labels": [1]}],
+        "options": {
+            "postprocessing": True,
+            "non_overlap": False,
+            "score_threshold": 0.0,
+            "object_start": "earliest",
+        },
+    }
+    return masks
+
+
+def test_a_reset_between_a_requests_reads_shows_nothing_instead_of_failing(store):
+    """New prompts reset the tracking (remove its arrays) while a request reads them: a
+    masks or timeline request that looked before the reset and reads after it answers
+    "nothing tracked" (the page asks again), not a 500 (seen in the browser test: an
+    AttributeError on the masks array gone between two reads)."""
+    import shutil
+
+    from segpipe.errors import DamagedStore
+    from segpipe.store.masks import _read
+    from segpipe.store.runstore import RunStore
+    from segpipe.web.session import ChunkMasks, Studio
+
+    write_tracking(store, 3)
+    studio = Studio(store)
+    assert len(studio.scores()["objects"]) == 3 and studio.masks_png(3)[1] == "grey"
+    looked = RunStore.open(store, read_only=True)  # as the request holds it: it looked
+    assert looked.array("masks") is not None and looked.array("object_areas") is not None
+    for name in ("masks", "object_areas"):  # the reset (its arrays go one by one)
+        shutil.rmtree(store / name)
+    assert ChunkMasks().frame(looked, 3) == []
+    with pytest.raises(DamagedStore):
+        _read(looked, 0, 4, [0, 1, 2], packed=True)
+    assert studio.scores()["objects"] == []  # object_scores still there, areas gone
+
+
 def test_masks_come_grey_under_255_objects_and_as_rgb_from_then_on(store):
     """A frame's masks PNG holds 1 + each pixel's object slot: grey (a third of the bytes to
     compress) while the slots fit, R + 256 G from 255 objects on. Tracking results of 3 and
     of 300 objects are written into the store through zarr (object k's mask: row k % 72)."""
     import io
 
-    import zarr
-
     from segpipe.web.server import StudioServer
 
-    T, H, W = 24, 72, 96
+    H, W = 72, 96
     for O, kind in ((3, "grey"), (300, "rgb")):
-        group = zarr.open_group(str(store), mode="r+")
-        for name in ("masks", "object_scores", "object_areas", "tracked"):
-            if name in group:
-                del group[name]
-        masks = np.zeros((T, O, H, W), bool)
-        for o in range(O):
-            masks[:, o, o % H, : o % W + 1] = True
-        group.create_array("masks", data=masks, chunks=(4, 1, H, W))
-        group.create_array("object_scores", data=np.ones((T, O), np.float32), chunks=(4, 1))
-        group.create_array("object_areas", data=masks.sum((2, 3)), chunks=(4, 1))
-        group.create_array("tracked", data=np.ones((T, O), bool), chunks=(4, 1))
-        group.attrs["track"] = {
-            "prompts_sha256": "set by the test",
-            "direction": "forward",
-            "object_ids": list(range(1, O + 1)),
-            "start_frame": 0,
-            "prompts": [{"object": 1, "frame": 0, "points": [[1.0, 1.0]], "labels": [1]}],
-            "options": {
-                "postprocessing": True,
-                "non_overlap": False,
-                "score_threshold": 0.0,
-                "object_start": "earliest",
-            },
-        }
+        masks = write_tracking(store, O)
         expected = np.zeros((H, W), int)
         for o in range(O):
             expected[masks[3, o]] = o + 1  # the later object's where they overlap

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
+from segpipe.errors import DamagedStore
 from segpipe.store.runstore import RunStore
 
 # Masks an export holds at once, in bytes: at most this much packed (a segment of frames)
@@ -90,6 +91,9 @@ def write_fill(store: RunStore, a: int, b: int) -> None:
 def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:
     """masks[a:b][:, slots] (packed or not), read (and verified) one zarr chunk at a time."""
     arr = store.array("masks")
+    # (a reset under way, read from another thread or process, removes or remakes it)
+    if arr is None or any(s >= arr.shape[1] for s in slots):
+        raise DamagedStore(store.path, "masks", store.plan.chunk_of(a), "is missing")
     H, W = arr.shape[2:]
     shape = (b - a, len(slots), packed_size(H, W)) if packed else (b - a, len(slots), H, W)
     out = np.empty(shape, np.uint8 if packed else bool)
@@ -98,6 +102,8 @@ def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np
         if not mine:
             continue
         data = store.read("masks", a, b, cols=slice(s0, s1))
+        if data.shape[1:] != (s1 - s0, H, W):  # remade since (other objects, other size)
+            raise DamagedStore(store.path, "masks", store.plan.chunk_of(a), "changed while read")
         for j, s in mine:
             out[:, j] = pack(data[:, s - s0]) if packed else data[:, s - s0]
         del data

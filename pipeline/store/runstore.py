@@ -229,6 +229,8 @@ class RunStore:
         """[a, b) ranges of axis 1 that one zarr chunk each holds (`masks`: one object each;
         arrays not chunked along axis 1: the whole axis)."""
         arr = self.array(name)
+        if arr is None:  # (a reset under way, read from another thread or process)
+            raise DamagedStore(self.path, name, 0, "is missing (the whole array)")
         n, step = arr.shape[1], arr.chunks[1]
         return [(a, min(a + step, n)) for a in range(0, n, step)]
 

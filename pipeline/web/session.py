@@ -190,12 +190,15 @@ class Studio:
         timeline strips draw."""
         store = self.store()
         settings = stored_settings(store)
+        empty = {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
         if settings is None or store.array("object_scores") is None:
-            return {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
+            return empty
         scores = _written(store, "object_scores", np.nan)  # then areas: see `Tracker.write`
         areas = _written(store, "object_areas", 0)
-        tracked = _written(store, "tracked", False).any(axis=1)
-        untracked = np.isnan(scores)
+        tracked = _written(store, "tracked", False)
+        if scores is None or areas is None or tracked is None or scores.shape != areas.shape:
+            return empty  # reset since it looked (new prompts): the page asks again
+        tracked, untracked = tracked.any(axis=1), np.isnan(scores)
         return {
             "objects": list(settings["object_ids"]),
             "scores": [
@@ -519,18 +522,24 @@ class ChunkMasks:
         k = store.plan.chunk_of(n)
         lo, hi = store.plan.bounds(k)
         folder = store.path / "masks" / "c" / str(k)
-        files = sorted(folder.rglob("*")) if folder.is_dir() else []
-        key = (str(store.path), k, tuple((str(f), f.stat().st_mtime_ns) for f in files))
+        try:
+            files = sorted(folder.rglob("*")) if folder.is_dir() else []
+            key = (str(store.path), k, tuple((str(f), f.stat().st_mtime_ns) for f in files))
+        except FileNotFoundError:  # a chunk written (renamed in) or reset this moment
+            return []
         with self._lock:
+            array = store.array("masks")
+            if array is None:  # reset since the caller looked (new prompts): none shown
+                return []
             if key != self.key:
                 self.key, self.packed = None, None  # the old chunk goes before the new comes
-                slots = list(range(store.array("masks").shape[1]))
+                slots = list(range(array.shape[1]))
                 try:
                     self.packed = _read(store, lo, hi, slots, packed=True)
                 except DamagedStore:  # not written yet (a tracking under way): none shown
                     return []
                 self.key = key
-            H, W = store.array("masks").shape[2:]
+            H, W = array.shape[2:]
             return list(unpack(self.packed[n - lo], H, W))
 
 
@@ -599,10 +608,12 @@ def _decoded(path: Path) -> bool:
     return RunStore.exists(path) and "frame_count" in RunStore.open(path, read_only=True).attrs
 
 
-def _written(store: RunStore, name: str, missing) -> np.ndarray:
+def _written(store: RunStore, name: str, missing) -> np.ndarray | None:
     """The array, chunk by chunk, with `missing` where a chunk is not written yet (the
-    tracking under way has not reached it)."""
+    tracking under way has not reached it); None where there is no such array (any more)."""
     plan, arr = store.plan, store.array(name)
+    if arr is None:
+        return None
     out = np.full(arr.shape, missing, arr.dtype)
     for k in range(plan.num_chunks):
         lo, hi = plan.bounds(k)
