@@ -372,6 +372,10 @@ elif __name__ == "__main__":
     sys.stdout, sys.stderr = real_out, real_err
     if said.getvalue():
         sys.exit(f"importing wrote: {said.getvalue()[:500]}")
+    import gc
+
+    gc.freeze()  # what the imports made stays put: a child's collections pass it by (and
+    # do not write to its pages, which the children share with this process)
     request = _serve(sys.argv[1])
     if not request:
         sys.exit(0)
@@ -404,7 +408,6 @@ elif __name__ == "__main__":
     # files) but for tearing down every module torch and SAM 2 loaded: a second of a core,
     # after the command has ended
     import atexit
-    import gc
     import threading
 
     threading._shutdown()  # (joins the threads that are not daemons, as an exit does)
