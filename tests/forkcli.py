@@ -144,9 +144,14 @@ def _watch(conn: socket.socket, pid: int) -> None:
         pass
 
 
-# what no import reads, and changes as the tests go: pytest's name of the test running, and
-# what a shell sets for a command it runs (PATH, PWD, SHLVL, "_": the command's path)
+# What may differ from the server's environment, and is passed on: what changes as the tests
+# go and no import reads. Pytest's name of the test running; what a shell sets for a command
+# it runs (PATH, PWD, SHLVL, "_": the command's path); what Dask leaves in the environment of
+# a process that started a LocalCluster (for its workers: one thread for BLAS, which torch's
+# one thread here already is, a hash seed, a malloc setting, its pid).
 PASSED_ON = ("PYTEST_CURRENT_TEST", "PATH", "PWD", "OLDPWD", "SHLVL", "_")
+PASSED_ON += ("__DASK_PARENT_PID", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+PASSED_ON += ("MALLOC_TRIM_THRESHOLD_", "PYTHONHASHSEED")
 
 
 def _settled(env) -> dict:
