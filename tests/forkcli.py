@@ -126,17 +126,21 @@ def _watch(conn: socket.socket, pid: int) -> None:
     process that died, a shim killed): nothing runs on that nobody waits for."""
     import select
 
-    done = os.pidfd_open(pid)
     try:
-        while True:
-            ready, _, _ = select.select([done, conn], [], [])
-            if done in ready:
-                break
-            if not conn.recv(1, socket.MSG_PEEK):  # the caller closed its end
-                os.kill(pid, 9)
-                break
-    finally:
-        os.close(done)
+        done = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # (Linux before 5.3: the command is waited for only)
+        done = None
+    if done is not None:
+        try:
+            while True:
+                ready, _, _ = select.select([done, conn], [], [])
+                if done in ready:
+                    break
+                if not conn.recv(1, socket.MSG_PEEK):  # the caller closed its end
+                    os.kill(pid, 9)
+                    break
+        finally:
+            os.close(done)
     _, status = os.waitpid(pid, 0)
     try:
         _send(conn, {"status": status})
