@@ -93,19 +93,17 @@ def segpipe(*args, check=False, env=None, **kw) -> subprocess.CompletedProcess:
     server = forkcli_server() if env is None and not set(kw) - {"timeout"} else None
     if server is not None:
         proc = server.run(argv, cwd=ROOT, **kw)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"segpipe {' '.join(argv)} failed:\n{proc.stderr}")
-        return proc
-    proc = subprocess.run(
-        [sys.executable, "-m", "segpipe.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        **kw,
-    )
+    else:
+        proc = subprocess.run(
+            [sys.executable, "-m", "segpipe.cli", *argv],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            **kw,
+        )
     if check and proc.returncode != 0:
-        raise AssertionError(f"segpipe {' '.join(map(str, args))} failed:\n{proc.stderr}")
+        raise AssertionError(f"segpipe {' '.join(argv)} failed:\n{proc.stderr}")
     return proc
 
 

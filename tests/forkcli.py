@@ -291,25 +291,17 @@ class Server:
 
     def run(self, argv: list[str], cwd: str, timeout: float | None = None, code=None):
         """`subprocess.run([python, -m, segpipe.cli, *argv], capture_output=True, text=True)`
-        (with `code`: `[python, -c, code, *argv]`) in a forked child."""
-        import tempfile
-
-        with (
-            tempfile.TemporaryFile() as out,
-            tempfile.TemporaryFile() as err,
-            open(os.devnull, "rb") as stdin,
-        ):
-            proc = self.popen(argv, cwd, [stdin.fileno(), out.fileno(), err.fileno()], code)
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                raise
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
-        return subprocess.CompletedProcess(argv, code, stdout, stderr)
+        (with `code`: `[python, -c, code, *argv]`) in a forked child; its output as written
+        (a carriage return stays one)."""
+        proc = self.spawn(argv, cwd, code, subprocess.PIPE, subprocess.PIPE, text=False)
+        try:
+            out, err = proc.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out, err = (b.decode(errors="replace") for b in (out, err))
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def shim(self) -> str:
         """A folder holding a `segpipe` command that runs here (for a shell's PATH)."""
