@@ -193,6 +193,30 @@ def wait_for(predicate, proc, timeout=120.0):
     return False
 
 
+def freeze(proc) -> None:
+    """SIGSTOP `proc` and return once every thread of it has stopped: kill() returns before a
+    thread running on another core has taken the signal, so a write it has begun (a rename,
+    a ledger record) could still land after a bare SIGSTOP."""
+    import time
+
+    os.kill(proc.pid, 19)  # SIGSTOP
+    tasks = Path(f"/proc/{proc.pid}/task")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            states = [
+                (t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()
+            ]
+        except (FileNotFoundError, ProcessLookupError):  # a thread ended while listed
+            if not tasks.exists():
+                return  # the process ended
+            continue
+        if all(s in "TtZX" for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {proc.pid} did not stop within 30 s of SIGSTOP")
+
+
 def ledger_records(store: Path, stage: str) -> dict[int, float]:
     """Chunk -> commit time (its record file's mtime) of the chunks `stage` has recorded,
     read from the files; a tracking pass's (one ledger per object, `ledger/<stage>/<slot>`):

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import IMAGE_SIZE, assert_user_error, ledger_count, segpipe, tree_mtimes, wait_for
+from conftest import (
+    IMAGE_SIZE,
+    assert_user_error,
+    freeze,
+    ledger_count,
+    segpipe,
+    tree_mtimes,
+    wait_for,
+)
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
@@ -219,7 +227,7 @@ def test_kill_mid_second_video_then_rerun(dataset, oracles, tmp_path):
     chunks = -(-VIDEOS["cows"][0] // CHUNK)
     try:
         assert wait_for(lambda: ledger_count(second, "export_vos") >= 1, proc, timeout=300)
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc)
         done = ledger_count(second, "track_forward")
         assert 1 <= done < chunks, done  # the kill lands mid-video
         # outputs appear chunk by chunk, as the chunks are tracked

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     assert_user_error,
+    freeze,
     ledger_count,
     make_sample,
     require_root,
@@ -269,7 +269,7 @@ def encoding(tmp_path_factory):
     )
     try:
         assert wait_for(lambda: ledger_count(store, "encode") >= 3, proc, timeout=300)
-        proc.send_signal(signal.SIGSTOP)
+        freeze(proc)
         report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
         text = segpipe("status", "--store", store, check=True).stdout
     finally:

@@ -10,6 +10,7 @@ import zarr
 from conftest import (
     IMAGE_SIZE,
     assert_user_error,
+    freeze,
     ledger_count,
     popen_segpipe,
     segpipe,
@@ -343,7 +344,7 @@ def test_kill_mid_export_then_resume_gives_identical_files(pristine, tmp_path):
         proc = popen_segpipe("export", "--store", store, "--format", fmt, "--out", out)
         target = rng.randint(1, total // 2)
         reached = wait_for(lambda: ledger_count(store, stage) >= target, proc)
-        proc.send_signal(signal.SIGSTOP)  # frozen where it is: the kill lands at this moment
+        freeze(proc)  # frozen where it is: the kill lands at this moment
         done = ledger_count(store, stage)
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -12,7 +12,15 @@ import make_sample
 import numpy as np
 import pytest
 import zarr
-from conftest import assert_same_store, ledger_count, popen_segpipe, segpipe, spawn, wait_for
+from conftest import (
+    assert_same_store,
+    freeze,
+    ledger_count,
+    popen_segpipe,
+    segpipe,
+    spawn,
+    wait_for,
+)
 
 ARGS = ("--chunk-size", 8, "--image-size", 64)
 OPTIONS = dict(chunk_size=8, image_size=64, progress=False)  # ARGS, as the API takes them
@@ -87,7 +95,7 @@ def frozen_at(store, proc, target):
     assert wait_for(lambda: ledger_count(store, "decode") >= target, proc, timeout=120), (
         "decode ended before the kill"
     )
-    proc.send_signal(signal.SIGSTOP)
+    freeze(proc)
     return ledger_count(store, "decode")
 
 
