@@ -341,18 +341,21 @@ class EncoderCalls:
 # --no-loadscope-reorder`), so the longest do not start last and leave one core idle.
 LONGEST_FIRST = [
     "test_dask.py",
-    "test_first_minutes.py",
     "test_track.py",
+    "test_first_minutes.py",
+    "test_fault_matrix.py",
+    "test_groups.py",
+    "test_studio.py",
+    "test_retention.py",
     "test_faults.py",
     "test_dataset.py",
-    "test_fault_matrix.py",
-    "test_studio.py",
-    "test_groups.py",
-    "test_estimate.py",
-    "test_retention.py",
     "test_dask_bits.py",
-    "test_export.py",
+    "test_resume.py",
+    "test_estimate.py",
+    "test_sources.py",
     "test_precision.py",
+    "test_untracked.py",
+    "test_export.py",
 ]
 
 
