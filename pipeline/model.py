@@ -310,11 +310,14 @@ def _config_dir(model: str):
 
 class Models:
     """Predictors built once and kept, one per build (model, image size, weights, device,
-    tracking options): the dataset command's videos share them, and so do the tasks a Dask
-    worker runs."""
+    tracking options), the `keep` most recently used. A checkpoint counts by its path, size
+    and modification time: a file written again is built again. SAM 2's predictor keeps
+    nothing of a video between calls (a video's state is its `inference_state`; segpipe's
+    per-frame sharing lets go of what it holds at each frame's end), so a kept predictor
+    tracks as a new one does."""
 
-    def __init__(self):
-        self.built = {}
+    def __init__(self, keep: int = 2):
+        self.keep, self.built = keep, {}
 
     def get(
         self,
@@ -325,8 +328,12 @@ class Models:
         postprocessing: bool = True,
         non_overlap: bool = False,
     ):
-        key = (model, image_size, weights, device, postprocessing, non_overlap)
-        if key not in self.built:
+        key = (model, image_size, _fingerprint(weights), device, postprocessing, non_overlap)
+        if key in self.built:
+            self.built[key] = self.built.pop(key)  # the most recently used, last
+        else:
+            while len(self.built) >= self.keep:
+                del self.built[next(iter(self.built))]
             self.built[key] = build_model(
                 model,
                 image_size,
@@ -336,6 +343,36 @@ class Models:
                 non_overlap=non_overlap,
             )
         return self.built[key]
+
+
+def _fingerprint(weights: Weights) -> tuple:
+    if weights.checkpoint is None:
+        return ("random", weights.random_seed)
+    try:
+        stat = Path(weights.checkpoint).stat()
+    except OSError:  # build_model says what is wrong with it
+        return ("file", str(weights.checkpoint), None)
+    return ("file", str(Path(weights.checkpoint).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+_KEPT = threading.local()  # each thread's `Models`: `shared_predictor`
+
+
+def shared_predictor(
+    model: str,
+    image_size: int,
+    weights: Weights,
+    device: str,
+    postprocessing: bool = True,
+    non_overlap: bool = False,
+):
+    """SAM 2's video predictor for these settings, built once in this thread and kept
+    (`Models`): one command's stages, the API calls and dataset videos that follow one
+    another, the tasks a Dask worker runs (one at a time, in one thread) share it. Two
+    threads never share one: a predictor is not made to run two videos at once."""
+    if not hasattr(_KEPT, "models"):
+        _KEPT.models = Models()
+    return _KEPT.models.get(model, image_size, weights, device, postprocessing, non_overlap)
 
 
 def tracking_options(predictor) -> dict:

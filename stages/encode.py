@@ -19,13 +19,13 @@ from segpipe.errors import BadInput, StoreMismatch
 from segpipe.model import (
     DEFAULT_MODEL,
     autocast,
-    build_model,
     check_model,
     for_workers,
     model_spec,
     pick_device,
     pick_precision,
     resolve_weights,
+    shared_predictor,
     trained_size,
 )
 from segpipe.plan import ChunkPlan
@@ -107,7 +107,7 @@ def encode(
         log.result(f"encode: {T} frames embedded in {store.path}", quiet)
         return store
     if predictor is None:
-        predictor = build_model(model, store.attrs["image_size"], weights, pick_device(device))
+        predictor = shared_predictor(model, store.attrs["image_size"], weights, pick_device(device))
     _encode_chunks(store, predictor, plan, todo, batch_size, embedding_dtype, precision, quiet)
     log.result(f"encode: {T} frames embedded in {store.path}", quiet)
     return store

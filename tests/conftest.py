@@ -71,7 +71,7 @@ def forkcli_server():
         import forkcli
 
         folder = tempfile.mkdtemp(prefix="segpipe-forkcli-")
-        _forkcli.append(forkcli.Server(folder, _ENVIRONMENT))
+        _forkcli.append(forkcli.Server(folder, _ENVIRONMENT, ("sam2.1_hiera_t", IMAGE_SIZE, 0)))
         atexit.register(_forkcli[0].close)
     return _forkcli[0] if _forkcli[0].usable() else None
 
@@ -196,10 +196,14 @@ def wait_for(predicate, proc, timeout=120.0):
 def freeze(proc) -> None:
     """SIGSTOP `proc` and return once every thread of it has stopped: kill() returns before a
     thread running on another core has taken the signal, so a write it has begun (a rename,
-    a ledger record) could still land after a bare SIGSTOP."""
+    a ledger record) could still land after a bare SIGSTOP. A process that has ended is left
+    as it is (as `send_signal` leaves it)."""
+    import signal
     import time
 
-    os.kill(proc.pid, 19)  # SIGSTOP
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGSTOP)
     tasks = Path(f"/proc/{proc.pid}/task")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -210,10 +214,11 @@ def freeze(proc) -> None:
         except (FileNotFoundError, ProcessLookupError):  # a thread ended while listed
             if not tasks.exists():
                 return  # the process ended
-            continue
-        if all(s in "TtZX" for s in states):
+            states = ["R"]
+        if all(s in {"T", "t", "Z", "X"} for s in states):
             return
         time.sleep(0.001)
+    proc.kill()
     raise AssertionError(f"process {proc.pid} did not stop within 30 s of SIGSTOP")
 
 

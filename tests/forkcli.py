@@ -10,8 +10,10 @@ the one this server started with (another thread count, another cache) runs as a
 interpreter instead (`conftest.segpipe` decides), and the server refuses to start where
 importing wrote anything (a warning at import would be hidden from the tests' stderr).
 
-Run as `python forkcli.py SOCKET` by `Server`; one server per test process, one command at
-a time (a test process runs one test at a time).
+Run as `python forkcli.py SOCKET [MODEL SIZE SEED]` by `Server`; one server per test
+process, one command at a time (a test process runs one test at a time). With a model, the
+server builds that predictor once (segpipe keeps a thread's predictors:
+`model.shared_predictor`), and the commands that use it find it built.
 """
 
 from __future__ import annotations
@@ -237,11 +239,11 @@ class Server:
     """The forking server of one test process, started on first use with that process's
     environment."""
 
-    def __init__(self, folder: str, env: dict):
+    def __init__(self, folder: str, env: dict, warm: tuple[str, int, int] | None = None):
         self.folder, self.path = folder, os.path.join(folder, "forkcli.sock")
         self.env = dict(env)
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, self.path],
+            [sys.executable, __file__, self.path, *map(str, warm or ())],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -373,6 +375,16 @@ elif __name__ == "__main__":
     sys.stdout, sys.stderr = real_out, real_err
     if said.getvalue():
         sys.exit(f"importing wrote: {said.getvalue()[:500]}")
+    if len(sys.argv) > 2:  # the predictor most commands build, kept (`shared_predictor`) for
+        # every child; torch's random state put back as a new process has it
+        import torch
+
+        from segpipe.model import Weights, shared_predictor
+
+        state = torch.random.get_rng_state()
+        name, size, seed = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        shared_predictor(name, size, Weights(random_seed=seed), "cpu")
+        torch.random.set_rng_state(state)
     import gc
 
     gc.freeze()  # what the imports made stays put: a child's collections pass it by (and

@@ -268,3 +268,47 @@ def test_reading_one_mask_reads_only_its_object_and_frames(tmp_path):
     assert np.array_equal(run.masks(slice(2, 7), [3, 1]), whole[2:7][:, [2, 0]])
     assert np.array_equal(run.masks(slice(None, None, -1), [2]), whole[::-1][:, [1]])
     assert np.array_equal(run.masks(slice(1, 8, 3)), whole[1:8:3])
+
+
+def test_a_threads_predictor_is_built_once_and_a_rewritten_checkpoint_again(tmp_path):
+    """`model.shared_predictor`: the same settings in one thread give the same predictor
+    (built once: the stages of a command, the API calls that follow one another); another
+    thread gets its own; other settings another; a checkpoint file written again (other
+    weights at the same path) is built again, with the new weights; two are kept, the least
+    recently used let go."""
+    import threading
+
+    import torch
+
+    from segpipe.model import Models, Weights, build_model, shared_predictor
+
+    seed0 = Weights(random_seed=0)
+    first = shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu")
+    assert shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu") is first
+    other = []
+    thread = threading.Thread(
+        target=lambda: other.append(shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu"))
+    )
+    thread.start()
+    thread.join()
+    assert other[0] is not first
+    assert shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu", non_overlap=True) is not first
+
+    models = Models(keep=2)
+    path = tmp_path / "w.pt"
+    torch.save({"model": build_model("sam2.1_hiera_t", SIZE, seed0).state_dict()}, path)
+    on_file = Weights(checkpoint=path)
+    a = models.get("sam2.1_hiera_t", SIZE, on_file, "cpu")
+    assert models.get("sam2.1_hiera_t", SIZE, on_file, "cpu") is a
+    torch.save(
+        {"model": build_model("sam2.1_hiera_t", SIZE, Weights(random_seed=1)).state_dict()}, path
+    )
+    b = models.get("sam2.1_hiera_t", SIZE, on_file, "cpu")
+    assert b is not a
+    weight = "image_encoder.trunk.patch_embed.proj.weight"
+    assert not torch.equal(a.state_dict()[weight], b.state_dict()[weight])
+    c = models.get("sam2.1_hiera_t", SIZE, seed0, "cpu")  # kept: b, c
+    assert len(models.built) == 2 and models.get("sam2.1_hiera_t", SIZE, on_file, "cpu") is b
+    models.get("sam2.1_hiera_t", SIZE, Weights(random_seed=2), "cpu")  # c, used least lately, goes
+    assert models.get("sam2.1_hiera_t", SIZE, on_file, "cpu") is b
+    assert models.get("sam2.1_hiera_t", SIZE, seed0, "cpu") is not c

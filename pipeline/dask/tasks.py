@@ -12,7 +12,7 @@ whole zarr chunks and commits each chunk itself after its data, exactly as the
 single-process code (which it runs) does, so a task cut short by a dead worker is simply run again and resumes from the ledger. Each
 write to the store first checks the task's lease on it (`runstore.LeasedFiles`,
 inside zarr's own store): a task outliving its client writes nothing for the run that took
-over. A worker builds each model once and keeps it (`MODELS`).
+over. A worker builds each model once and keeps it (`model.shared_predictor`).
 
 A tracking pass runs as groups of objects, one task each (`stages.track.groups`): a
 group writes only its objects' zarr chunks, memory and ledgers. The one zarr chunk two
@@ -53,9 +53,6 @@ def probe_task(threads: int) -> tuple[str, dict]:
     torch.set_num_threads(threads)
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
     return thread_probe(), {k: os.environ.get(k) for k in names}
-
-
-MODELS = None  # this worker's predictors (`model.Models`), made with the first task
 
 
 def look_around(
@@ -104,17 +101,15 @@ def _store(path: str, work: Work):
 
 
 def _predictor(store, work: Work, options: dict | None = None):
-    """The worker's predictor of the store's model, built with the tracking's `options` (None
-    for the image encoder, which they do not change: SAM 2's defaults, `OPTIONS`)."""
-    global MODELS
-    from segpipe.model import Models, pick_device, resolve_weights
+    """The worker's predictor of the store's model (`model.shared_predictor`: built once in
+    the worker), with the tracking's `options` (None for the image encoder, which they do not
+    change: SAM 2's defaults, `OPTIONS`)."""
+    from segpipe.model import pick_device, resolve_weights, shared_predictor
     from segpipe.store.tracking import OPTIONS
 
-    if MODELS is None:
-        MODELS = Models()
     spec, options = store.attrs["model"], OPTIONS if options is None else options
     weights = resolve_weights(spec["name"], work.checkpoint, spec["weights"].get("random_seed"))
-    return MODELS.get(
+    return shared_predictor(
         spec["name"],
         spec["image_size"],
         weights,
@@ -178,13 +173,9 @@ def export_on(store, request: dict, k: int):
 def video_task(layout, video: str, options, out, work_dir, threads: int):
     """One video of a dataset, as the single-process loop runs it (`run_video`): the
     video's store lock is taken here, on the worker, for the video's stages."""
-    global MODELS
     import torch
 
-    from segpipe.model import Models
     from segpipe.vos.dataset import VideoRunner, run_video
 
     torch.set_num_threads(threads)
-    if MODELS is None:
-        MODELS = Models()
-    return run_video(VideoRunner(options, out, work_dir, quiet=True, models=MODELS), layout, video)
+    return run_video(VideoRunner(options, out, work_dir, quiet=True), layout, video)

@@ -102,22 +102,18 @@ def run_video(runner: "VideoRunner", layout: Layout, video: str) -> VideoResult:
 
 
 class VideoRunner:
-    """The stages for one video after another; the model is built once, when first needed."""
+    """The stages for one video after another; the model is built once, when first needed
+    (`model.shared_predictor`)."""
 
-    def __init__(
-        self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool, models=None
-    ):
-        from segpipe.model import Models
-
+    def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool):
         self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
-        self.models = Models() if models is None else models
 
     def model(self, image_size: int, device: str):
         """One predictor per image size (stores made earlier may have another)."""
-        from segpipe.model import resolve_weights
+        from segpipe.model import resolve_weights, shared_predictor
 
         o = self.options
-        return self.models.get(
+        return shared_predictor(
             o.model,
             image_size,
             resolve_weights(o.model, o.checkpoint, o.random_weights),

@@ -43,7 +43,8 @@ class Previewer:
                     name, self.choice["checkpoint"], self.choice["random_weights"]
                 )
                 spec = {"name": name, "image_size": store.attrs["image_size"]}
-            self.predictor = _build_predictor(spec, weights, self.device, options)
+            # its own, kept here: a job may track on another thread meanwhile
+            self.predictor = _build_predictor(spec, weights, self.device, options, kept=False)
             self.options, self.built_for = options, built_for  # once it is built
         return self.predictor
 

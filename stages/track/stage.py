@@ -32,6 +32,7 @@ from segpipe.model import (
     model_spec,
     pick_device,
     resolve_weights,
+    shared_predictor,
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
@@ -282,9 +283,10 @@ def check_window(store: RunStore, frames, prompts: list, direction: str, options
     return [lo, hi]
 
 
-def _build_predictor(spec: dict, weights, device: str, options: dict):
-    """The predictor of the store's model (`spec`), built with the tracking's `options`."""
-    return build_model(
+def _build_predictor(spec: dict, weights, device: str, options: dict, kept: bool = True):
+    """The predictor of the store's model (`spec`), built with the tracking's `options`:
+    this thread's kept one (`model.shared_predictor`), or, not `kept`, a new one."""
+    return (shared_predictor if kept else build_model)(
         spec["name"],
         spec["image_size"],
         weights,
