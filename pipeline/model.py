@@ -310,8 +310,8 @@ def _config_dir(model: str):
 
 class Models:
     """Predictors built once and kept, one per build (model, image size, weights, device,
-    tracking options), the `keep` most recently used. A checkpoint counts by its path, size
-    and modification time: a file written again is built again. SAM 2's predictor keeps
+    tracking options), the `keep` most recently used. A checkpoint counts by its path, inode,
+    size and modification and change times: a file written again is built again. SAM 2's predictor keeps
     nothing of a video between calls (a video's state is its `inference_state`; segpipe's
     per-frame sharing lets go of what it holds at each frame's end), so a kept predictor
     tracks as a new one does."""
@@ -352,7 +352,17 @@ def _fingerprint(weights: Weights) -> tuple:
         stat = Path(weights.checkpoint).stat()
     except OSError:  # build_model says what is wrong with it
         return ("file", str(weights.checkpoint), None)
-    return ("file", str(Path(weights.checkpoint).resolve()), stat.st_size, stat.st_mtime_ns)
+    # the change time too: a copy that keeps the old modification time (cp -p, rsync -a)
+    # still changes it
+    return (
+        "file",
+        str(Path(weights.checkpoint).resolve()),
+        stat.st_dev,
+        stat.st_ino,
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+    )
 
 
 _KEPT = threading.local()  # each thread's `Models`: `shared_predictor`
@@ -367,12 +377,19 @@ def shared_predictor(
     non_overlap: bool = False,
 ):
     """SAM 2's video predictor for these settings, built once in this thread and kept
-    (`Models`): one command's stages, the API calls and dataset videos that follow one
-    another, the tasks a Dask worker runs (one at a time, in one thread) share it. Two
-    threads never share one: a predictor is not made to run two videos at once."""
+    (`Models`, the last one built): one command's stages, the API calls and dataset videos
+    that follow one another, the tasks a Dask worker runs (one at a time, in one thread)
+    share it. Two threads never share one: a predictor is not made to run two videos at
+    once. It stays in memory until another is built in the thread, the thread ends, or
+    `release_predictors()`."""
     if not hasattr(_KEPT, "models"):
-        _KEPT.models = Models()
+        _KEPT.models = Models(keep=1)  # (the old one let go before the next is built)
     return _KEPT.models.get(model, image_size, weights, device, postprocessing, non_overlap)
+
+
+def release_predictors() -> None:
+    """Let go of the predictor this thread keeps (`shared_predictor`)."""
+    _KEPT.__dict__.pop("models", None)
 
 
 def tracking_options(predictor) -> dict:

@@ -375,13 +375,14 @@ elif __name__ == "__main__":
     sys.stdout, sys.stderr = real_out, real_err
     if said.getvalue():
         sys.exit(f"importing wrote: {said.getvalue()[:500]}")
-    if len(sys.argv) > 2:  # the predictor most commands build, kept (`shared_predictor`) for
-        # every child; torch's random state put back as a new process has it
-        import torch
+    import torch
 
+    # the predictor most commands build, kept (`shared_predictor`) for every child; not where
+    # building would start OpenMP's threads or CUDA, which a forked child cannot use
+    if len(sys.argv) > 2 and torch.get_num_threads() == 1 and not torch.cuda.is_available():
         from segpipe.model import Weights, shared_predictor
 
-        state = torch.random.get_rng_state()
+        state = torch.random.get_rng_state()  # put back: nothing reads it, but as it was
         name, size, seed = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         shared_predictor(name, size, Weights(random_seed=seed), "cpu")
         torch.random.set_rng_state(state)

@@ -273,14 +273,16 @@ def test_reading_one_mask_reads_only_its_object_and_frames(tmp_path):
 def test_a_threads_predictor_is_built_once_and_a_rewritten_checkpoint_again(tmp_path):
     """`model.shared_predictor`: the same settings in one thread give the same predictor
     (built once: the stages of a command, the API calls that follow one another); another
-    thread gets its own; other settings another; a checkpoint file written again (other
-    weights at the same path) is built again, with the new weights; two are kept, the least
-    recently used let go."""
+    thread gets its own; other settings another; `release_predictors` lets it go. A
+    checkpoint file written again (other weights at the same path and of the same size, its
+    old modification time put back, as `cp -p` does) is built again, with the new weights;
+    `Models(keep=2)` keeps two, the least recently used let go."""
+    import os
     import threading
 
     import torch
 
-    from segpipe.model import Models, Weights, build_model, shared_predictor
+    from segpipe.model import Models, Weights, build_model, release_predictors, shared_predictor
 
     seed0 = Weights(random_seed=0)
     first = shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu")
@@ -292,6 +294,9 @@ def test_a_threads_predictor_is_built_once_and_a_rewritten_checkpoint_again(tmp_
     thread.start()
     thread.join()
     assert other[0] is not first
+    assert shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu") is first
+    release_predictors()
+    assert shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu") is not first
     assert shared_predictor("sam2.1_hiera_t", SIZE, seed0, "cpu", non_overlap=True) is not first
 
     models = Models(keep=2)
@@ -300,9 +305,12 @@ def test_a_threads_predictor_is_built_once_and_a_rewritten_checkpoint_again(tmp_
     on_file = Weights(checkpoint=path)
     a = models.get("sam2.1_hiera_t", SIZE, on_file, "cpu")
     assert models.get("sam2.1_hiera_t", SIZE, on_file, "cpu") is a
+    old = path.stat()
     torch.save(
         {"model": build_model("sam2.1_hiera_t", SIZE, Weights(random_seed=1)).state_dict()}, path
     )
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert path.stat().st_size == old.st_size
     b = models.get("sam2.1_hiera_t", SIZE, on_file, "cpu")
     assert b is not a
     weight = "image_encoder.trunk.patch_embed.proj.weight"

@@ -439,7 +439,7 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
 def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch):
     """The torch thread count sent to the workers is the client's OMP_NUM_THREADS, else the
     client's own torch count (never the workers' default); a worker running two tasks at a
-    time is refused in one line (two would share its models and torch's thread count)."""
+    time is refused in one line (two would race on torch's thread count)."""
     import torch
     from distributed import LocalCluster
 

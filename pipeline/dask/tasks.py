@@ -59,8 +59,9 @@ def look_around(
     paths: list[str], lease, device: str, dask_worker=None
 ) -> tuple[str | None, str | None]:
     """On each worker before any work: (the first problem, the device type it would use).
-    A worker must run one task at a time: two would share its models and torch's
-    process-wide thread count (`Work.threads`), and race on both."""
+    A worker must run one task at a time: two would race on torch's process-wide thread
+    count (`Work.threads`), and each would build and keep a model of its own (a thread's
+    predictor: `model.shared_predictor`)."""
     from pathlib import Path
 
     from segpipe.errors import SegpipeError
