@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train segpipe's demo model (`--model segpipe_tiny`) on synthetic clips, on the CPU.
+"""Train segpipe's demo model (`--model segpipe_tiny`) on synthetic clips, on the CPU or a GPU.
 
 SAM 2's own modules do the forward pass, as SAM 2's training does it: the image encoder once
 per clip, then per frame `_track_step` (memory attention over the memories of earlier frames,
@@ -31,6 +31,12 @@ steps; run the same command again after a kill, or in a later sitting, and it co
 there, with the same result as a run never stopped. `--out` is written once, at the end, with
 the steps and hours of every run that led to it (`--init` continues from earlier weights on
 clips they never saw).
+
+On a GPU (`--device cuda`) the forward pass runs under bfloat16 autocast, as SAM 2 trains
+(`--precision`; the weights, the optimiser and the losses stay float32), `--batch N` takes N
+clips a step, and `--minutes M` ends a sitting in time (a lent GPU is lent for minutes):
+the weights are written as float32 CPU tensors, so they load on any machine, and the same
+command continues the run. None of this changes a CPU float32 run of one clip a step.
 
     python data/train_tiny.py --out data/first.pt      # the first of the shipped runs
 """
@@ -98,13 +104,19 @@ def look_where_it_was(model, strength: float = 100.0) -> None:
             attention.k_proj.bias.copy_(bias)
 
 
-def frame0_inputs(rng, masks0: np.ndarray):
+def normalised(frames: torch.Tensor) -> torch.Tensor:
+    """Frames in [0, 1] as SAM 2's image encoder takes them (ImageNet mean and std)."""
+    return (frames - MEAN.to(frames.device)) / STD.to(frames.device)
+
+
+def frame0_inputs(rng, masks0: np.ndarray, device="cpu"):
     """Frame 0's prompts for all objects, one kind per clip: masks (half the clips), boxes or
     clicks (a positive one, with a negative one outside in half of those), as SAM 2's
-    predictor passes them (coordinates in model-input pixels). Returns (points, mask)."""
+    predictor passes them (coordinates in model-input pixels), on `device`. Returns
+    (points, mask)."""
     kind = rng.choice(["mask", "box", "points"], p=[0.5, 0.25, 0.25])
     if kind == "mask":
-        return None, torch.from_numpy(masks0[:, None]).float()
+        return None, torch.from_numpy(masks0[:, None]).float().to(device)
     coords, labels = [], []
     negative = rng.random() < 0.5
     for m in masks0:
@@ -126,8 +138,8 @@ def frame0_inputs(rng, masks0: np.ndarray):
         coords.append(np.array(pts, np.float32))
         labels.append(lab)
     return {
-        "point_coords": torch.from_numpy(np.stack(coords)).float(),
-        "point_labels": torch.tensor(labels, dtype=torch.int32),
+        "point_coords": torch.from_numpy(np.stack(coords)).float().to(device),
+        "point_labels": torch.tensor(labels, dtype=torch.int32, device=device),
     }, None
 
 
@@ -136,7 +148,7 @@ def clip_loss(
 ) -> tuple[torch.Tensor, dict]:
     """Track the clip's objects from a frame-0 prompt; the summed SAM 2 losses over frames."""
     T, O = masks.shape[:2]
-    backbone = model.forward_image((frames - MEAN) / STD)
+    backbone = model.forward_image(normalised(frames))
     _, feats, pos, sizes = model._prepare_backbone_features(backbone)
     output = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
     totals = {"tracked_iou": 0.0, "focal": 0.0, "dice": 0.0, "iou": 0.0, "score": 0.0}
@@ -144,7 +156,9 @@ def clip_loss(
     for t in range(T):
         cur = [f[:, t : t + 1].expand(-1, O, -1) for f in feats]
         cur_pos = [p[:, t : t + 1].expand(-1, O, -1) for p in pos]
-        point_inputs, mask_inputs = frame0_inputs(rng, masks[0].numpy()) if t == 0 else (None, None)
+        point_inputs, mask_inputs = (
+            frame0_inputs(rng, masks[0].cpu().numpy(), frames.device) if t == 0 else (None, None)
+        )
         out, sam, _, _ = model._track_step(
             t, t == 0, cur, cur_pos, sizes, point_inputs, mask_inputs, output, T, False, None
         )
@@ -199,7 +213,7 @@ def prompt_loss(
     Returns the summed SAM 2 losses and the mean IoU of the chosen masks."""
     T = masks.shape[0]
     picks = rng.choice(T, size=min(count, T), replace=False)
-    backbone = model.forward_image((frames[picks] - MEAN) / STD)
+    backbone = model.forward_image(normalised(frames[picks]))
     _, feats, pos, sizes = model._prepare_backbone_features(backbone)
     loss, ious, n = 0.0, 0.0, 0
     for i, t in enumerate(picks):
@@ -210,7 +224,8 @@ def prompt_loss(
         O = len(target)
         cur = [f[:, i : i + 1].expand(-1, O, -1) for f in feats]
         cur_pos = [p[:, i : i + 1].expand(-1, O, -1) for p in pos]
-        for points in prompt_kinds(rng, target.numpy()):
+        for points in prompt_kinds(rng, target.cpu().numpy()):
+            points = {k: v.to(frames.device) for k, v in points.items()}
             _, sam, _, _ = model._track_step(
                 0,
                 True,
@@ -237,6 +252,7 @@ def frame_losses(logits, ious, score_logits, target, losses: Losses = Losses()):
     """SAM 2's MultiStepMultiMasksAndIous for one frame: logits (O, M, H, W), ious (O, M),
     score_logits (O, 1), target (O, H, W), weighed as `losses` says."""
     alpha = losses.alpha
+    logits, ious, score_logits = logits.float(), ious.float(), score_logits.float()
     O, M = logits.shape[:2]
     present = target.flatten(1).any(1).float()  # (O,)
     tgt = target[:, None].expand(-1, M, -1, -1)
@@ -249,7 +265,7 @@ def frame_losses(logits, ious, score_logits, target, losses: Losses = Losses()):
     num = 2 * (prob * tgt).flatten(2).sum(-1)
     dice = 1 - (num + 1) / (prob.flatten(2).sum(-1) + tgt.flatten(2).sum(-1) + 1)  # (O, M)
     best = torch.argmin(20 * focal + dice, dim=1)
-    rows = torch.arange(O)
+    rows = torch.arange(O, device=logits.device)
     with torch.no_grad():
         pred = logits > 0
         inter = (pred & (tgt > 0)).flatten(2).sum(-1).float()
@@ -336,7 +352,33 @@ def main() -> None:
         action="store_true",
         help="train on SAM's image-level task alone (--prompt-frames frames a clip), no tracking",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where to train (cuda: a GPU, under bfloat16 autocast by default)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("float32", "bfloat16"),
+        help="bfloat16: SAM 2's training autocast (weights and losses stay float32); "
+        "default: bfloat16 on cuda, float32 on cpu",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="clips per optimiser step (their losses averaged)"
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        help="end this sitting after this many minutes (after a step): --out is written, the "
+        "state kept, and the same command continues the run",
+    )
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    precision = args.precision or ("bfloat16" if args.device == "cuda" else "float32")
     if args.prompt_only and not args.prompt_frames:
         parser.error("--prompt-only needs --prompt-frames")
     if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
@@ -356,6 +398,10 @@ def main() -> None:
         run["focal_alpha"] = args.focal_alpha
     if args.all_iou:
         run["all_iou"] = True
+    if args.batch != 1:
+        run["batch"] = args.batch
+    if args.device != "cpu" or precision != "float32":
+        run["device"], run["precision"] = args.device, precision
     losses = Losses(args.focal_alpha, args.all_iou)
     run["init"] = str(args.init) if args.init else None
     model = build(args.seed, args.size)
@@ -365,8 +411,10 @@ def main() -> None:
         init = torch.load(args.init, map_location="cpu", weights_only=True)
         model.load_state_dict(init["model"])
         history = list(init.get("history", [{"steps": init.get("steps", 0)}]))
-        first_clip = sum(h["steps"] for h in history)  # clips no earlier run has seen
-    model.train()
+        # clips no earlier run has seen
+        first_clip = sum(h.get("clips", h["steps"]) for h in history)
+    model.to(args.device).train()
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=precision == "bfloat16")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = min(200, args.steps // 10)
 
@@ -388,30 +436,44 @@ def main() -> None:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"])
         start, spent = state["step"], state["seconds"]
         print(f"resuming at step {start} ({spent / 3600:.2f} h so far): {state_path}", flush=True)
     began, recent = time.time() - spent, []
+    sitting = time.monotonic()
     end = min(args.steps, args.stop_after or args.steps)
     if start > end:
         sys.exit(f"error: {state_path} is at step {start}, past --stop-after {end}")
     for step in range(start, end):
-        clip = training_clip(first_clip + step, args.frames, args.size)
-        if clip is not None:
+        total, seen = None, []
+        for b in range(args.batch):  # clip k of the run: step * batch + b
+            clip = training_clip(first_clip + step * args.batch + b, args.frames, args.size)
+            if clip is None:
+                continue
             frames, masks, rng = clip
+            frames, masks = frames.to(args.device), masks.to(args.device)
             loss, parts = None, {}
-            if not args.prompt_only:
-                loss, parts = clip_loss(model, frames, masks, rng, losses)
-            if args.prompt_frames:
-                extra, iou = prompt_loss(model, frames, masks, rng, args.prompt_frames, losses)
-                if extra is not None:
-                    loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
-        if clip is not None and loss is not None:
+            with autocast:
+                if not args.prompt_only:
+                    loss, parts = clip_loss(model, frames, masks, rng, losses)
+                if args.prompt_frames:
+                    extra, iou = prompt_loss(model, frames, masks, rng, args.prompt_frames, losses)
+                    if extra is not None:
+                        loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
+            if loss is not None:
+                total = loss if total is None else total + loss
+                seen.append(parts)
+        if total is not None:
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (total / len(seen) if args.batch != 1 else total).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            recent.append(parts)
+            recent.extend(seen)
         sched.step()
+        timed_out = args.minutes is not None and time.monotonic() - sitting >= 60 * args.minutes
+        if timed_out:
+            end = step + 1
         if (step + 1) % args.log_every == 0 or step + 1 == end:
             if recent:
                 keys = dict.fromkeys(k for p in recent for k in p)
@@ -430,17 +492,24 @@ def main() -> None:
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
                     "torch_rng": torch.get_rng_state(),
+                    **({"cuda_rng": torch.cuda.get_rng_state()} if args.device == "cuda" else {}),
                     "step": step + 1,
                     "seconds": time.time() - began,
                 },
                 state_path,
             )
+        if timed_out:
+            break
     hours = (time.time() - began) / 3600
     history.append({"steps": end, "hours": round(hours, 3), "run": run})
+    if args.batch != 1:
+        history[-1]["clips"] = end * args.batch
     save(model, args.size, history, args.out)
     if end == args.steps:  # stopped early, the state stays: a later --stop-after goes on
         state_path.unlink(missing_ok=True)
     print(f"trained {end} of {args.steps} steps in {hours:.2f} h: {args.out}")
+    if end < args.steps and args.stop_after is None:
+        print("the --minutes bound ended this sitting: run the same command to continue")
 
 
 def save(model, size: int, history: list, path: Path) -> None:
@@ -448,9 +517,8 @@ def save(model, size: int, history: list, path: Path) -> None:
     trained at (segpipe warns when a store's differs), the steps done in all, and each run's
     steps, hours and arguments ("history")."""
     steps = sum(h["steps"] for h in history)
-    atomic_save(
-        {"model": model.state_dict(), "image_size": size, "steps": steps, "history": history}, path
-    )
+    weights = {k: v.cpu() for k, v in model.state_dict().items()}  # they load on any machine
+    atomic_save({"model": weights, "image_size": size, "steps": steps, "history": history}, path)
 
 
 def atomic_save(obj, path: Path) -> None:

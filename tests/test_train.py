@@ -62,3 +62,36 @@ def test_all_iou_supervises_every_masks_predicted_iou():
     assert torch.equal(chosen["focal"], every["focal"]) and torch.equal(
         chosen["dice"], every["dice"]
     )
+
+
+def test_a_bounded_sitting_of_batched_bfloat16_training_continues_to_the_same_weights(tmp_path):
+    """The GPU recipe's path, run on the CPU: `--batch 2` clips a step under bfloat16 autocast
+    (`--precision`, what `--device cuda` uses), a first sitting ended by `--minutes` after one
+    step (the weights written, the state kept), the same command again: the weights of a run
+    never stopped, float32 tensors that load on a CPU; autocast really ran (a float32 run's
+    first step differs), and the history counts the clips seen (two a step)."""
+    args = ["--batch", "2", "--precision", "bfloat16"]
+
+    def train(name, *more):
+        command = _command(tmp_path / f"{name}.pt", tmp_path / f"{name}.state.pt")
+        command[command.index("--steps") + 1] = "3"
+        return subprocess.run(command + list(more), check=True, capture_output=True, text=True)
+
+    train("straight", *args)
+    first = train("bounded", *args, "--minutes", "0.0001")
+    assert "run the same command to continue" in first.stdout
+    state = tmp_path / "bounded.state.pt"
+    assert torch.load(state, weights_only=False)["step"] == 1, "the bound did not end it mid-run"
+    assert torch.load(tmp_path / "bounded.pt", weights_only=True)["steps"] == 1
+    after_one = torch.load(state, weights_only=False)["model"]
+    assert "resuming at step 1" in train("bounded", *args).stdout
+    assert not state.exists()
+    a = torch.load(tmp_path / "straight.pt", weights_only=True)
+    b = torch.load(tmp_path / "bounded.pt", weights_only=True)
+    assert a["steps"] == b["steps"] == 3 and a["history"][-1]["clips"] == 6
+    for k in a["model"]:
+        assert a["model"][k].dtype == torch.float32 and a["model"][k].device.type == "cpu", k
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    train("float32", "--batch", "2", "--stop-after", "1")
+    plain = torch.load(tmp_path / "float32.pt", weights_only=True)["model"]
+    assert any(not torch.equal(plain[k], after_one[k]) for k in plain), "autocast did nothing"
