@@ -28,8 +28,9 @@ and copied, so the file's bytes, and the sha256 stores record, differ from a rer
 run's full state (weights, optimiser, schedule, step, torch's random state, the
 time spent) is saved beside this script, to `data/<out's stem>.state.pt`, every `--log-every`
 steps; run the same command again after a kill, or in a later sitting, and it continues from
-there, with the same result as a run never stopped. `--out` is written once, at the end, with
-the steps and hours of every run that led to it (`--init` continues from earlier weights on
+there, with the same result as a run never stopped (on the CPU, bit for bit; CUDA's
+kernels need not repeat). `--out` is written when a sitting ends (the run's end,
+`--stop-after`, `--minutes`), with the steps and hours of every run that led to it (`--init` continues from earlier weights on
 clips they never saw).
 
 On a GPU (`--device cuda`) the forward pass runs under bfloat16 autocast, as SAM 2 trains
@@ -376,6 +377,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch < 1:
         parser.error("--batch must be at least 1")
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error("--minutes must be more than 0")
+    if (args.minutes or args.stop_after) and args.out.resolve() == WEIGHTS.resolve():
+        parser.error("--minutes and --stop-after write unfinished weights: give another --out")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     precision = args.precision or ("bfloat16" if args.device == "cuda" else "float32")
@@ -386,7 +391,7 @@ def main() -> None:
     if args.frames < 2:
         parser.error("--frames must be at least 2 (a prompted frame and a tracked one)")
     # The state goes to a separate file, here in data/ (not in the package): the shipped
-    # weights are replaced only at the end.
+    # weights are replaced only when a run ends (a sitting's end may not write them).
     state_path = args.state or HERE / (args.out.stem + ".state.pt")
     torch.set_num_threads(args.threads)
     run = {k: getattr(args, k) for k in ("steps", "frames", "size", "lr", "seed", "threads")}
@@ -441,12 +446,13 @@ def main() -> None:
         start, spent = state["step"], state["seconds"]
         print(f"resuming at step {start} ({spent / 3600:.2f} h so far): {state_path}", flush=True)
     began, recent = time.time() - spent, []
-    sitting = time.monotonic()
+    sitting, timed_out = time.monotonic(), False
     end = min(args.steps, args.stop_after or args.steps)
     if start > end:
         sys.exit(f"error: {state_path} is at step {start}, past --stop-after {end}")
     for step in range(start, end):
-        total, seen = None, []
+        opt.zero_grad(set_to_none=True)
+        seen = []
         for b in range(args.batch):  # clip k of the run: step * batch + b
             clip = training_clip(first_clip + step * args.batch + b, args.frames, args.size)
             if clip is None:
@@ -461,19 +467,19 @@ def main() -> None:
                     extra, iou = prompt_loss(model, frames, masks, rng, args.prompt_frames, losses)
                     if extra is not None:
                         loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
-            if loss is not None:
-                total = loss if total is None else total + loss
+            if loss is not None:  # each clip's graph freed at once; the gradients add up
+                (loss / args.batch if args.batch != 1 else loss).backward()
                 seen.append(parts)
-        if total is not None:
-            opt.zero_grad(set_to_none=True)
-            (total / len(seen) if args.batch != 1 else total).backward()
+        if seen:  # the mean over the batch's clips (a clip with no object seen counts 0)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             recent.extend(seen)
         sched.step()
         timed_out = args.minutes is not None and time.monotonic() - sitting >= 60 * args.minutes
-        if timed_out:
+        if timed_out and step + 1 < end:
             end = step + 1
+        else:
+            timed_out = False
         if (step + 1) % args.log_every == 0 or step + 1 == end:
             if recent:
                 keys = dict.fromkeys(k for p in recent for k in p)
@@ -508,7 +514,7 @@ def main() -> None:
     if end == args.steps:  # stopped early, the state stays: a later --stop-after goes on
         state_path.unlink(missing_ok=True)
     print(f"trained {end} of {args.steps} steps in {hours:.2f} h: {args.out}")
-    if end < args.steps and args.stop_after is None:
+    if timed_out:
         print("the --minutes bound ended this sitting: run the same command to continue")
 
 

@@ -78,7 +78,7 @@ def test_a_bounded_sitting_of_batched_bfloat16_training_continues_to_the_same_we
         return subprocess.run(command + list(more), check=True, capture_output=True, text=True)
 
     train("straight", *args)
-    first = train("bounded", *args, "--minutes", "0.0001")
+    first = train("bounded", *args, "--minutes", "0.0001")  # one step, then the bound
     assert "run the same command to continue" in first.stdout
     state = tmp_path / "bounded.state.pt"
     assert torch.load(state, weights_only=False)["step"] == 1, "the bound did not end it mid-run"
@@ -95,3 +95,30 @@ def test_a_bounded_sitting_of_batched_bfloat16_training_continues_to_the_same_we
     train("float32", "--batch", "2", "--stop-after", "1")
     plain = torch.load(tmp_path / "float32.pt", weights_only=True)["model"]
     assert any(not torch.equal(plain[k], after_one[k]) for k in plain), "autocast did nothing"
+
+
+def test_a_batched_step_takes_the_next_clips_and_a_later_run_the_ones_after(tmp_path, monkeypatch):
+    """`--batch 3`: step k trains on clips 3k, 3k+1, 3k+2, each once; a run from its weights
+    (`--init`) starts on the first clip it never saw (the history counts clips, not steps)."""
+    import train_tiny
+
+    taken, real = [], train_tiny.training_clip
+    monkeypatch.setattr(
+        train_tiny, "training_clip", lambda k, *a: (taken.append(k), real(k, *a))[1]
+    )
+    threads = torch.get_num_threads()
+
+    def main(out, *more):
+        argv = ["train_tiny.py", "--out", str(out), "--state", str(tmp_path / f"{out.stem}.st")]
+        argv += ["--frames", "2", "--size", "64", "--log-every", "1", *more]
+        monkeypatch.setattr(sys, "argv", argv)
+        try:
+            train_tiny.main()
+        finally:
+            torch.set_num_threads(threads)
+
+    main(tmp_path / "a.pt", "--steps", "2", "--batch", "3")
+    assert taken == [0, 1, 2, 3, 4, 5]
+    taken.clear()
+    main(tmp_path / "b.pt", "--steps", "1", "--batch", "2", "--init", str(tmp_path / "a.pt"))
+    assert taken == [6, 7]
