@@ -30,8 +30,8 @@ time spent) is saved beside this script, to `data/<out's stem>.state.pt`, every 
 steps; run the same command again after a kill, or in a later sitting, and it continues from
 there, with the same result as a run never stopped (on the CPU, bit for bit; CUDA's
 kernels need not repeat). `--out` is written when a sitting ends (the run's end,
-`--stop-after`, `--minutes`), with the steps and hours of every run that led to it (`--init` continues from earlier weights on
-clips they never saw).
+`--stop-after`, `--minutes`), with the steps and hours of every run that led to it
+(`--init` continues from earlier weights on clips they never saw).
 
 On a GPU (`--device cuda`) the forward pass runs under bfloat16 autocast, as SAM 2 trains
 (`--precision`; the weights, the optimiser and the losses stay float32), `--batch N` takes N
@@ -475,11 +475,8 @@ def main() -> None:
             opt.step()
             recent.extend(seen)
         sched.step()
-        timed_out = args.minutes is not None and time.monotonic() - sitting >= 60 * args.minutes
-        if timed_out and step + 1 < end:
-            end = step + 1
-        else:
-            timed_out = False
+        if args.minutes and step + 1 < end and time.monotonic() - sitting >= 60 * args.minutes:
+            end, timed_out = step + 1, True  # this sitting ends here; the run goes on later
         if (step + 1) % args.log_every == 0 or step + 1 == end:
             if recent:
                 keys = dict.fromkeys(k for p in recent for k in p)

@@ -67,8 +67,8 @@ def test_all_iou_supervises_every_masks_predicted_iou():
 def test_a_bounded_sitting_of_batched_bfloat16_training_continues_to_the_same_weights(tmp_path):
     """The GPU recipe's path, run on the CPU: `--batch 2` clips a step under bfloat16 autocast
     (`--precision`, what `--device cuda` uses), a first sitting ended by `--minutes` after one
-    step (the weights written, the state kept), the same command again: the weights of a run
-    never stopped, float32 tensors that load on a CPU; autocast really ran (a float32 run's
+    step (the weights written, the state kept), then the command without the bound (not one
+    of the run's settings): the weights of a run never stopped, float32 tensors that load on a CPU; autocast really ran (a float32 run's
     first step differs), and the history counts the clips seen (two a step)."""
     args = ["--batch", "2", "--precision", "bfloat16"]
 
