@@ -122,3 +122,68 @@ def test_a_batched_step_takes_the_next_clips_and_a_later_run_the_ones_after(tmp_
     taken.clear()
     main(tmp_path / "b.pt", "--steps", "1", "--batch", "2", "--init", str(tmp_path / "a.pt"))
     assert taken == [6, 7]
+
+
+def test_locality_and_speed_set_what_they_say_and_are_recorded(tmp_path, monkeypatch):
+    """`--locality S` sets memory attention's shared pull to where the object was (the four
+    bias entries of `look_where_it_was`, each sqrt(S)), after `--init` weights or on a fresh
+    run, and nothing else; `--speed LO HI` draws each clip's motion scale from [LO, HI) (the
+    default draw unchanged, so earlier runs repeat); the weights' history records both."""
+    import numpy as np
+    import train_tiny
+    from synthetic import make_clip
+
+    speeds, real = [], train_tiny.training_clip
+    monkeypatch.setattr(
+        train_tiny, "training_clip", lambda k, *a: (speeds.append(tuple(a[2])), real(k, *a))[1]
+    )
+    threads = torch.get_num_threads()
+
+    def main(out, *more):
+        argv = ["train_tiny.py", "--out", str(out), "--state", str(tmp_path / f"{out.stem}.st")]
+        argv += ["--frames", "2", "--size", "64", "--log-every", "1", "--steps", "1", *more]
+        monkeypatch.setattr(sys, "argv", argv)
+        try:
+            train_tiny.main()
+        finally:
+            torch.set_num_threads(threads)
+
+    main(tmp_path / "a.pt")
+    # at lr 1e-9 AdamW's one step moves no weight by more than about 1e-9
+    main(tmp_path / "b.pt", "--init", str(tmp_path / "a.pt"), "--lr", "1e-9",
+         "--locality", "9", "--speed", "2", "2.5")  # fmt: skip
+    main(tmp_path / "c.pt", "--lr", "1e-9", "--locality", "2.25")
+    assert speeds == [(0.5, 1.5), (2.0, 2.5), (0.5, 1.5)]
+    a, b, c = (torch.load(tmp_path / f"{n}.pt", weights_only=True)["model"] for n in "abc")
+    shared = [0, 2, 32, 34]
+    names = [k for k in a if "memory_attention" in k and "cross_attn_image" in k]
+    names = [k for k in names if k.endswith(("q_proj.bias", "k_proj.bias"))]
+    assert len(names) == 4
+    rest = torch.ones(64, dtype=torch.bool)
+    rest[shared] = False
+    for k in names:
+        assert torch.allclose(a[k][shared], torch.full((4,), 10.0), atol=1e-2), k
+        assert torch.allclose(b[k][shared], torch.full((4,), 3.0), atol=1e-6), k
+        assert torch.allclose(c[k][shared], torch.full((4,), 1.5), atol=1e-6), k
+        assert torch.allclose(b[k][rest], a[k][rest], atol=1e-6), k
+        assert a[k][rest].abs().max() > 1e-5, k  # learned entries, kept
+    for k in a:  # nothing else moved
+        if k not in names:
+            assert torch.allclose(b[k], a[k], atol=1e-6), k
+    runs = [torch.load(tmp_path / f"{n}.pt", weights_only=True)["history"][-1]["run"] for n in "abc"]
+    assert runs[1]["locality"] == 9.0 and runs[1]["speed"] == [2.0, 2.5]
+    assert runs[2]["locality"] == 2.25 and "speed" not in runs[2]
+    assert "speed" not in runs[0] and "locality" not in runs[0]
+    for k, bounds in ((5, (0.5, 1.5)), (6, (2.0, 2.5))):  # the draw, as before: one uniform
+        rng = np.random.default_rng(10_000_000 + k)
+        occluder, speed = bool(rng.random() < 0.3), float(rng.uniform(*bounds))
+        _, masks = make_clip(k, 2, 64, 64, motions=("drift", "wave"), occluder=occluder,
+                             speed=speed)  # fmt: skip
+        clip = real(k, 2, 64, bounds)
+        keep = masks[0].reshape(masks.shape[1], -1).sum(1) >= 16
+        assert np.array_equal(clip[1].numpy(), masks[:, keep]), k
+        assert clip[2].random() == rng.random(), k
+    still = real(3, 4, 64, (0.0, 0.0))[1]  # the speed reaches the clip: at 0 nothing moves
+    fast = real(3, 4, 64, (3.0, 3.0))[1]
+    assert all(torch.equal(still[t], still[0]) for t in range(4))
+    assert not all(torch.equal(fast[t], fast[0]) for t in range(4))
