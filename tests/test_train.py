@@ -170,7 +170,9 @@ def test_locality_and_speed_set_what_they_say_and_are_recorded(tmp_path, monkeyp
     for k in a:  # nothing else moved
         if k not in names:
             assert torch.allclose(b[k], a[k], atol=1e-6), k
-    runs = [torch.load(tmp_path / f"{n}.pt", weights_only=True)["history"][-1]["run"] for n in "abc"]
+    runs = [
+        torch.load(tmp_path / f"{n}.pt", weights_only=True)["history"][-1]["run"] for n in "abc"
+    ]
     assert runs[1]["locality"] == 9.0 and runs[1]["speed"] == [2.0, 2.5]
     assert runs[2]["locality"] == 2.25 and "speed" not in runs[2]
     assert "speed" not in runs[0] and "locality" not in runs[0]
