@@ -90,6 +90,11 @@ def build(seed: int, size: int = SIZE):
     return instantiate(config, _recursive_=True)
 
 
+# The bias entries that queries and keys share in `look_where_it_was`: the first element of
+# RoPE's pairs 0, 1 (x) and 16, 17 (y), its fastest frequencies.
+SHARED_BIAS = [0, 2, 32, 34]
+
+
 def look_where_it_was(model, strength: float = 100.0) -> None:
     """Start memory attention looking at the same place in the memory frames. Its cross-
     attention applies RoPE to queries and keys, so a vector that queries and keys share scores
@@ -101,7 +106,7 @@ def look_where_it_was(model, strength: float = 100.0) -> None:
         for layer in model.memory_attention.layers:
             attention = layer.cross_attn_image
             bias = torch.zeros_like(attention.q_proj.bias)
-            bias[[0, 2, 32, 34]] = strength**0.5  # the first element of pairs 0, 1, 16, 17
+            bias[SHARED_BIAS] = strength**0.5
             attention.q_proj.bias.copy_(bias)
             attention.k_proj.bias.copy_(bias)
 
@@ -118,7 +123,7 @@ def set_locality(model, strength: float) -> None:
         for layer in model.memory_attention.layers:
             attention = layer.cross_attn_image
             for proj in (attention.q_proj, attention.k_proj):
-                proj.bias[[0, 2, 32, 34]] = strength**0.5
+                proj.bias[SHARED_BIAS] = strength**0.5
 
 
 def normalised(frames: torch.Tensor) -> torch.Tensor:

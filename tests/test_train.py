@@ -155,7 +155,7 @@ def test_locality_and_speed_set_what_they_say_and_are_recorded(tmp_path, monkeyp
     main(tmp_path / "c.pt", "--lr", "1e-9", "--locality", "2.25")
     assert speeds == [(0.5, 1.5), (2.0, 2.5), (0.5, 1.5)]
     a, b, c = (torch.load(tmp_path / f"{n}.pt", weights_only=True)["model"] for n in "abc")
-    shared = [0, 2, 32, 34]
+    shared = train_tiny.SHARED_BIAS
     names = [k for k in a if "memory_attention" in k and "cross_attn_image" in k]
     names = [k for k in names if k.endswith(("q_proj.bias", "k_proj.bias"))]
     assert len(names) == 4
