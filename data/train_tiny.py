@@ -64,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "pipeline" / "configs" / "segpipe_tiny.yaml"
 WEIGHTS = HERE.parent / "pipeline" / "weights" / "segpipe_tiny.pt"  # segpipe.model.SHIPPED's
 SIZE = 128  # the image size it trains at (the shipped weights record it)
+SPEED = (0.5, 1.5)  # the range of the clips' motion scale (`--speed`)
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
@@ -307,7 +308,7 @@ def frame_losses(logits, ious, score_logits, target, losses: Losses = Losses()):
     }
 
 
-def training_clip(step: int, frames: int, size: int = SIZE, speed=(0.5, 1.5)):
+def training_clip(step: int, frames: int, size: int = SIZE, speed=SPEED):
     rng = np.random.default_rng(10_000_000 + step)
     clip, masks = make_clip(
         step,
@@ -346,10 +347,10 @@ def main() -> None:
         "--speed",
         type=float,
         nargs=2,
-        default=(0.5, 1.5),
+        default=SPEED,
         metavar=("LO", "HI"),
         help="each clip's motion scale (`make_clip`'s speed: velocity, spin, growth and wave "
-        "frequency scale with it), drawn uniformly from [LO, HI) (default 0.5 1.5)",
+        "frequency scale with it), drawn uniformly from [LO, HI) (default %(default)s)",
     )
     parser.add_argument(
         "--locality",
@@ -445,7 +446,7 @@ def main() -> None:
         run["all_iou"] = True
     if args.batch != 1:
         run["batch"] = args.batch
-    if tuple(args.speed) != (0.5, 1.5):
+    if tuple(args.speed) != SPEED:
         run["speed"] = list(args.speed)
     if args.locality is not None:
         run["locality"] = args.locality

@@ -21,6 +21,21 @@ def _command(out: Path, state: Path) -> list[str]:
             "--all-iou"]  # fmt: skip
 
 
+def _train_in_process(monkeypatch, tmp_path, out: Path, *more: str) -> None:
+    """train_tiny's main in this process (its functions can be watched), on tiny clips; the
+    torch thread count it sets is put back."""
+    import train_tiny
+
+    argv = ["train_tiny.py", "--out", str(out), "--state", str(tmp_path / f"{out.stem}.st")]
+    argv += ["--frames", "2", "--size", "64", "--log-every", "1", *more]
+    monkeypatch.setattr(sys, "argv", argv)
+    threads = torch.get_num_threads()
+    try:
+        train_tiny.main()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_killed_training_continues_to_the_same_weights(tmp_path):
     straight = tmp_path / "straight.pt"
     subprocess.run(_command(straight, tmp_path / "s.state.pt"), check=True, capture_output=True)
@@ -106,16 +121,9 @@ def test_a_batched_step_takes_the_next_clips_and_a_later_run_the_ones_after(tmp_
     monkeypatch.setattr(
         train_tiny, "training_clip", lambda k, *a: (taken.append(k), real(k, *a))[1]
     )
-    threads = torch.get_num_threads()
 
     def main(out, *more):
-        argv = ["train_tiny.py", "--out", str(out), "--state", str(tmp_path / f"{out.stem}.st")]
-        argv += ["--frames", "2", "--size", "64", "--log-every", "1", *more]
-        monkeypatch.setattr(sys, "argv", argv)
-        try:
-            train_tiny.main()
-        finally:
-            torch.set_num_threads(threads)
+        _train_in_process(monkeypatch, tmp_path, out, *more)
 
     main(tmp_path / "a.pt", "--steps", "2", "--batch", "3")
     assert taken == [0, 1, 2, 3, 4, 5]
@@ -137,16 +145,9 @@ def test_locality_and_speed_set_what_they_say_and_are_recorded(tmp_path, monkeyp
     monkeypatch.setattr(
         train_tiny, "training_clip", lambda k, *a: (speeds.append(tuple(a[2])), real(k, *a))[1]
     )
-    threads = torch.get_num_threads()
 
     def main(out, *more):
-        argv = ["train_tiny.py", "--out", str(out), "--state", str(tmp_path / f"{out.stem}.st")]
-        argv += ["--frames", "2", "--size", "64", "--log-every", "1", "--steps", "1", *more]
-        monkeypatch.setattr(sys, "argv", argv)
-        try:
-            train_tiny.main()
-        finally:
-            torch.set_num_threads(threads)
+        _train_in_process(monkeypatch, tmp_path, out, "--steps", "1", *more)
 
     main(tmp_path / "a.pt")
     # at lr 1e-9 AdamW's one step moves no weight by more than about 1e-9
