@@ -105,11 +105,9 @@ def look_where_it_was(model, strength: float = 100.0) -> None:
     alike, the model first learns to segment every object at once and is slow to leave that."""
     with torch.no_grad():
         for layer in model.memory_attention.layers:
-            attention = layer.cross_attn_image
-            bias = torch.zeros_like(attention.q_proj.bias)
-            bias[SHARED_BIAS] = strength**0.5
-            attention.q_proj.bias.copy_(bias)
-            attention.k_proj.bias.copy_(bias)
+            layer.cross_attn_image.q_proj.bias.zero_()
+            layer.cross_attn_image.k_proj.bias.zero_()
+    set_locality(model, strength)
 
 
 def set_locality(model, strength: float) -> None:
