@@ -210,7 +210,9 @@ kill_points.hold_at_next_record(*(os.environ[f"HOLD_{v}"] for v in ("PART", "CLA
 def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
     """Start `segpipe <args>` whose workers hold (`kill_points.hold_at_next_record`) before
     recording their second chunk of `stage`, and kill -9 it once a worker holds and `when()`
-    holds; its worker processes end with it (nothing writes behind a rerun's back)."""
+    holds; its worker processes end with it (nothing writes behind a rerun's back), and
+    nothing of theirs reaches the terminal: no traceback, no "leaked semaphore objects"
+    from multiprocessing's resource tracker (which speaks when its parent is gone)."""
     import psutil
 
     hold.mkdir()
@@ -223,12 +225,11 @@ def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
         "HOLD_CLAIM": str(hold / "claim"),
         "HOLD_RELEASE": str(hold / "release"),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *args, "--quiet"],
-        cwd=ROOT,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
+    stderr = hold / "stderr"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT, stderr=err, env=env
+        )
     try:
         held = lambda: (hold / "claim").exists() and when()  # noqa: E731
         assert wait_for(held, proc, timeout=180), "no worker held mid-stage"
@@ -238,8 +239,11 @@ def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
         proc.kill()
         proc.wait()
     assert len(workers) >= 2
-    _, alive = psutil.wait_procs(workers, timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=30)  # the tracker too
     assert not alive, alive
+    said = stderr.read_text()
+    assert "leaked" not in said and "resource_tracker" not in said, said
+    assert "Traceback" not in said, said
 
 
 def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_is_the_same(

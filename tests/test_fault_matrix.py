@@ -118,9 +118,10 @@ def test_kill_9_in_every_export_and_every_reset_then_rerun(sources, tmp_path, wh
     its 4th file removal, while the old tree is emptied from the trash it was renamed
     into), and rerun. After each command the store and the exports equal those of the same
     commands run uninterrupted on another store. On two workers the run is made in one
-    process (the same store: tests/test_dask.py), the killed process is the client of the
-    resets of the tracking and of the store (it resets before any task is sent), and
-    their reruns run on two workers; `export` has no workers."""
+    process (the same store: tests/test_dask.py), and the resets of the tracking and of the
+    store are killed in one process too (a client resets before it starts its cluster's
+    work, by the same code; kills of Dask clients: tests/test_dask.py), then rerun on two
+    workers; `export` has no workers."""
     suffix = where.split()[0]
     workers = ["--workers", "2"] if "workers" in where else []
     a, b = tmp_path / "straight" / "run.zarr", tmp_path / "killed" / "run.zarr"
@@ -128,6 +129,7 @@ def test_kill_9_in_every_export_and_every_reset_then_rerun(sources, tmp_path, wh
     b.parent.mkdir()
     ours = commands(sources[suffix], a, [])
     theirs = commands(sources[suffix], b, workers)
+    alone = commands(sources[suffix], b, [])  # what is killed
     here(ours["run"])
     if not workers:
         for fmt in ("overlay", "frames"):
@@ -137,7 +139,7 @@ def test_kill_9_in_every_export_and_every_reset_then_rerun(sources, tmp_path, wh
     assert_same(a, b)
     for case in ("new export settings", "new prompts", "--force"):
         here(ours[case])
-        killed("unlink", "4", theirs[case], b.parent)
+        killed("unlink", "4", alone[case], b.parent)
         assert RunStore.trash_of(b).exists(), case  # the kill landed mid-removal
         here(theirs[case])
         assert_same(a, b)
