@@ -24,6 +24,7 @@ from conftest import (
     read_checked,
     require_root,
     segpipe,
+    spawn,
     tree_digest,
 )
 from PIL import Image
@@ -657,16 +658,9 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
 def studio_process(argv, *hooks) -> tuple[subprocess.Popen, str]:
     """`segpipe <argv>` (a studio) in its own process, with `kill_points` test hooks
     installed first; (the process, the URL it printed)."""
-    code = "import kill_points\n" + "".join(f"kill_points.{h}\n" for h in hooks)
-    code += f"kill_points.cli({list(map(str, argv))!r})"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-    )
+    code = "import sys\nsys.path.insert(0, 'tests')\nimport kill_points\n"
+    code += "".join(f"kill_points.{h}\n" for h in hooks) + "kill_points.cli(sys.argv[1:])"
+    proc = spawn(argv, code, subprocess.PIPE, subprocess.PIPE)
     line = proc.stdout.readline()
     assert line.startswith("studio: http://"), proc.stderr.read()
     return proc, line.split()[1]
