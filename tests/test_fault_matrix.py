@@ -2,10 +2,10 @@
 source (overlay, frames) and of every reset (new export settings, new prompts, --force), on
 MPEG-TS and AVI sources (B-frame H.264 with a keyframe every 2 frames: their seeks land
 late, so a resumed export reads other ranges than an uninterrupted one), and of the resets
-of a run on two Dask workers. After each kill the same command runs again, and the store
-and every exported file equal, byte for byte, those of the same commands run uninterrupted
-on another store. (Kills mid-export of every format on MP4: tests/test_export.py; of a Dask
-run's exports: tests/test_dask.py.)
+of a run that goes on on two Dask workers. After each kill the same command runs again (on
+two workers, in that case), and the store and every exported file equal, byte for byte,
+those of the same commands run uninterrupted on another store. (Kills mid-export of every
+format on MP4: tests/test_export.py; of a Dask run's exports: tests/test_dask.py.)
 
 The killed commands run in a process of their own; the uninterrupted ones and the reruns
 run segpipe's command line in this process (the same code, without a new interpreter's

@@ -303,17 +303,18 @@ def test_the_memory_cast_changes_nothing_where_sam2_does_not_crash(
     """segpipe always installs the memory cast; the oracle applies it only where SAM 2
     crashes without it. Where SAM 2 does not crash (every object prompted on the first
     tracked frame), SAM 2 with and without the cast, and segpipe, agree bit for bit. (From
-    frame 26, inside a chunk of 7: 14 frames, more than SAM 2's 7 memories.)"""
+    frame 22, inside a chunk of 7: 18 frames, more than SAM 2's 7 memories and 16 object
+    pointers.)"""
     from oracle import memory_cast, sam2_predictor
 
     masks = np.load(clip_dir / "masks.npy")
     entries = []
     for o in range(3):
-        ys, xs = np.nonzero(masks[26, o])
+        ys, xs = np.nonzero(masks[22, o])
         entries.append(
             {
                 "object": o + 1,
-                "frame": 26,
+                "frame": 22,
                 "points": [[float(xs.mean()), float(ys.mean())]],
                 "labels": [1],
             }
