@@ -138,65 +138,6 @@ def committed(store: Path, stage: str) -> dict[int, float]:
     return ledger_records(store, stage)
 
 
-def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
-    small, reference, cluster, tmp_path
-):
-    """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
-    again while it runs the forward pass (of one of the two groups of objects, one per
-    worker). Dask runs the lost tasks again on a worker that lives; the encode task encodes
-    its chunk, the group's pass resumes from its objects' last committed chunk; the store
-    and exports are the single-process run's."""
-    from dask_holds import HoldAtNextRecord
-
-    store = tmp_path / "clip.zarr"
-    holds = {stage: tmp_path / f"hold-{stage}" for stage in ("encode", "track_forward")}
-    for stage, hold in holds.items():  # in the workers the cluster has and those it starts
-        hold.mkdir()
-        plugin = HoldAtNextRecord(stage, str(hold / "claim"), str(hold / "release"))
-        cluster.register_plugin(plugin, name=f"hold-{stage}")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "segpipe.cli",
-            *map(str, run_args(small, store)),
-            "--scheduler",
-            cluster.scheduler.address,
-            "--quiet",
-        ],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        encoded, encode_kill = kill_held_worker(store, "encode", CHUNKS, holds["encode"], proc)
-        forward = CHUNKS - 1  # chunks 1..5
-        tracked, pass_kill = kill_held_worker(
-            store, "track_forward", forward, holds["track_forward"], proc
-        )
-        objects = {s: committed(store, f"track_forward/{s}") for s in range(3)}  # 2 groups
-        _, err = proc.communicate(timeout=300)
-    finally:
-        for stage, hold in reversed(holds.items()):  # (the last one patched, undone first)
-            (hold / "release").touch()
-            cluster.unregister_worker_plugin(f"hold-{stage}")
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, err
-    assert_same_run(reference, store)
-    for s, before in objects.items():  # each group resumed from its objects' own records
-        assert all(committed(store, f"track_forward/{s}")[k] == t for k, t in before.items()), s
-    for stage, before, killed_at in (
-        ("encode", encoded, encode_kill),
-        ("track_forward", tracked, pass_kill),
-    ):
-        after = committed(store, stage)
-        # the chunks not committed at the kill were committed after it, by the tasks Dask
-        # ran again; those committed before were not done again
-        assert all(after[k] > killed_at for k in set(after) - set(before)), stage
-        assert all(after[k] == t for k, t in before.items()), stage
-
-
 HOLD_PRELOAD = """
 import os, sys
 
@@ -207,12 +148,14 @@ kill_points.hold_at_next_record(*(os.environ[f"HOLD_{v}"] for v in ("PART", "CLA
 """
 
 
-def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
+def kill_client(args: list[str], stage: str, hold: Path, when, ctrl_c: bool = False) -> None:
     """Start `segpipe <args>` whose workers hold (`kill_points.hold_at_next_record`) before
     recording their second chunk of `stage`, and kill -9 it once a worker holds and `when()`
-    holds; its worker processes end with it (nothing writes behind a rerun's back), and
-    nothing of theirs reaches the terminal: no traceback, no "leaked semaphore objects"
-    from multiprocessing's resource tracker (which speaks when its parent is gone)."""
+    holds (with `ctrl_c`: Ctrl-C at a terminal instead, SIGINT to the command's process
+    group, its workers too, and it exits 130 by itself); its worker processes end with it
+    (nothing writes behind a rerun's back), and nothing of theirs reaches the terminal: no
+    traceback, no "leaked semaphore objects" from multiprocessing's resource tracker (which
+    speaks when its parent is gone)."""
     import psutil
 
     hold.mkdir()
@@ -228,13 +171,21 @@ def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
     stderr = hold / "stderr"
     with stderr.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "segpipe.cli", *args, "--quiet"], cwd=ROOT, stderr=err, env=env
+            [sys.executable, "-m", "segpipe.cli", *args, "--quiet"],
+            cwd=ROOT,
+            stderr=err,
+            env=env,
+            start_new_session=ctrl_c,  # its own process group, as a shell's job
         )
     try:
         held = lambda: (hold / "claim").exists() and when()  # noqa: E731
         assert wait_for(held, proc, timeout=180), "no worker held mid-stage"
         workers = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGKILL)
+        if ctrl_c:
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=120) == 130
+        else:
+            proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
@@ -246,20 +197,20 @@ def kill_client(args: list[str], stage: str, hold: Path, when) -> None:
     assert "Traceback" not in said, said
 
 
-def test_run_on_two_workers_client_killed_mid_encode_pass_and_export_then_rerun_is_the_same(
+def test_run_on_two_workers_stopped_mid_encode_killed_mid_pass_and_export_then_rerun_is_the_same(
     small, reference, tmp_path
 ):
-    """`run --workers 2` (segpipe's own LocalCluster), kill -9 of the client mid-encode, then
-    of the rerun mid-tracking, then of the next rerun mid-export (a chunk exported by a task,
-    not every chunk): the same command again continues from the ledgers to the same store
-    and exports, bit for bit, without redoing a committed chunk.
+    """`run --workers 2` (segpipe's own LocalCluster), stopped by Ctrl-C mid-encode, then the
+    rerun killed -9 mid-tracking, then the next rerun killed -9 mid-export (a chunk exported
+    by a task, not every chunk): the same command again continues from the ledgers to the
+    same store and exports, bit for bit, without redoing a committed chunk.
 
     The chunk of the first prompt (chunk 1: frames 4..7; the forward pass writes 5..7, the
     reverse pass 4) is written by the reverse pass only after the forward pass committed
     it: the reverse pass starts (writes its prompted memory) after that commit."""
     store = tmp_path / "clip.zarr"
     args = [*map(str, run_args(small, store)), "--workers", "2"]
-    kill_client(args, "encode", tmp_path / "hold1", lambda: True)
+    kill_client(args, "encode", tmp_path / "hold1", lambda: True, ctrl_c=True)
     encoded = committed(store, "encode")
     assert_mid_stage(store, "encode", CHUNKS)
     forward = CHUNKS - 1  # chunks 1..5
@@ -378,66 +329,6 @@ def test_a_stale_pass_task_from_the_first_chunk_writes_nothing(reference, tmp_pa
         with pytest.raises(StoreLocked, match="no longer locked by the run that sent"):
             units.pass_on(begun, "forward", [0, 1, 2], old)
         assert tree_mtimes(store) == written
-
-
-def test_dataset_on_two_workers_is_the_single_process_run(
-    dataset, checkpoint, cluster, tmp_path, monkeypatch
-):
-    """`segpipe.dataset` on the LocalCluster (a task per video) and in one process: the same
-    PNGs byte for byte and the same stores. The dataset, the video list and the checkpoint
-    are given relative to the client's working directory, which is not the workers'."""
-    import segpipe
-
-    (tmp_path / "ckpt.pt").symlink_to(checkpoint)
-    (tmp_path / "list.txt").write_text("bear\ncows\n")
-    (tmp_path / "vos").symlink_to(dataset)
-    monkeypatch.chdir(tmp_path)
-    args = dict(
-        video_list_file="list.txt",
-        checkpoint="ckpt.pt",
-        image_size=IMAGE_SIZE,
-        chunk_size=4,
-        device="cpu",
-        progress=False,
-    )
-    runs = {}
-    for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
-        work = tmp_path / name
-        out = work / "out"  # in the stores' folder: their records of it compare as the same
-        results = segpipe.dataset("vos/JPEGImages", "vos/Annotations", out, work, **args, **where)
-        assert [(r.video, r.status) for r in results] == [("bear", "done"), ("cows", "done")]
-        runs[name] = out, work
-    (here, here_work), (there, there_work) = runs["here"], runs["dask"]
-    assert tree_digest(here) == tree_digest(there)
-    assert len(tree_digest(here)) == VIDEOS["bear"][0] + VIDEOS["cows"][0]
-    for video in ("bear", "cows"):
-        assert_same_store(here_work / f"{video}.zarr", there_work / f"{video}.zarr")
-
-
-def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
-    """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
-    client reports as the single-process run would."""
-    import segpipe as api
-
-    store = tmp_path / "clip.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
-    (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
-    proc = segpipe(
-        "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
-    )
-    assert_user_error(proc, "damaged", "'frames' chunk 2 is missing", "segpipe repair")
-    assert ledger_count(store, "encode") < CHUNKS
-    import dask
-
-    from segpipe import BadInput, encode
-
-    with pytest.raises(BadInput, match="not both"):
-        encode(store, random_weights=0, workers=2, scheduler=cluster.scheduler.address)
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
-        pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"),
-    ):
-        encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
 
 
 def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch):
@@ -798,3 +689,126 @@ def test_a_feature_level_is_made_alike_by_whichever_task_makes_it(tmp_path, monk
             StoreMismatch, match=f"{name} is float32 .6, 2, 3. in chunks .4, 2, 3. "
         ):
             level_array(RunStore.open(path), name, shape, dtype, other)
+
+
+# The tests on the module's `cluster` come last: it is torn down at the end of the module,
+# and until then its idle processes (scheduler, nannies, workers) keep a share of a core busy.
+
+
+def test_workers_killed_mid_encode_and_mid_pass_are_replaced_and_the_run_is_the_same(
+    small, reference, cluster, tmp_path
+):
+    """`run --scheduler` on a LocalCluster: SIGKILL a worker while it encodes a chunk, and
+    again while it runs the forward pass (of one of the two groups of objects, one per
+    worker). Dask runs the lost tasks again on a worker that lives; the encode task encodes
+    its chunk, the group's pass resumes from its objects' last committed chunk; the store
+    and exports are the single-process run's."""
+    from dask_holds import HoldAtNextRecord
+
+    store = tmp_path / "clip.zarr"
+    holds = {stage: tmp_path / f"hold-{stage}" for stage in ("encode", "track_forward")}
+    for stage, hold in holds.items():  # in the workers the cluster has and those it starts
+        hold.mkdir()
+        plugin = HoldAtNextRecord(stage, str(hold / "claim"), str(hold / "release"))
+        cluster.register_plugin(plugin, name=f"hold-{stage}")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "segpipe.cli",
+            *map(str, run_args(small, store)),
+            "--scheduler",
+            cluster.scheduler.address,
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        encoded, encode_kill = kill_held_worker(store, "encode", CHUNKS, holds["encode"], proc)
+        forward = CHUNKS - 1  # chunks 1..5
+        tracked, pass_kill = kill_held_worker(
+            store, "track_forward", forward, holds["track_forward"], proc
+        )
+        objects = {s: committed(store, f"track_forward/{s}") for s in range(3)}  # 2 groups
+        _, err = proc.communicate(timeout=300)
+    finally:
+        for stage, hold in reversed(holds.items()):  # (the last one patched, undone first)
+            (hold / "release").touch()
+            cluster.unregister_worker_plugin(f"hold-{stage}")
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    assert_same_run(reference, store)
+    for s, before in objects.items():  # each group resumed from its objects' own records
+        assert all(committed(store, f"track_forward/{s}")[k] == t for k, t in before.items()), s
+    for stage, before, killed_at in (
+        ("encode", encoded, encode_kill),
+        ("track_forward", tracked, pass_kill),
+    ):
+        after = committed(store, stage)
+        # the chunks not committed at the kill were committed after it, by the tasks Dask
+        # ran again; those committed before were not done again
+        assert all(after[k] > killed_at for k in set(after) - set(before)), stage
+        assert all(after[k] == t for k, t in before.items()), stage
+
+
+def test_dataset_on_two_workers_is_the_single_process_run(
+    dataset, checkpoint, cluster, tmp_path, monkeypatch
+):
+    """`segpipe.dataset` on the LocalCluster (a task per video) and in one process: the same
+    PNGs byte for byte and the same stores. The dataset, the video list and the checkpoint
+    are given relative to the client's working directory, which is not the workers'."""
+    import segpipe
+
+    (tmp_path / "ckpt.pt").symlink_to(checkpoint)
+    (tmp_path / "list.txt").write_text("bear\ncows\n")
+    (tmp_path / "vos").symlink_to(dataset)
+    monkeypatch.chdir(tmp_path)
+    args = dict(
+        video_list_file="list.txt",
+        checkpoint="ckpt.pt",
+        image_size=IMAGE_SIZE,
+        chunk_size=4,
+        device="cpu",
+        progress=False,
+    )
+    runs = {}
+    for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
+        work = tmp_path / name
+        out = work / "out"  # in the stores' folder: their records of it compare as the same
+        results = segpipe.dataset("vos/JPEGImages", "vos/Annotations", out, work, **args, **where)
+        assert [(r.video, r.status) for r in results] == [("bear", "done"), ("cows", "done")]
+        runs[name] = out, work
+    (here, here_work), (there, there_work) = runs["here"], runs["dask"]
+    assert tree_digest(here) == tree_digest(there)
+    assert len(tree_digest(here)) == VIDEOS["bear"][0] + VIDEOS["cows"][0]
+    for video in ("bear", "cows"):
+        assert_same_store(here_work / f"{video}.zarr", there_work / f"{video}.zarr")
+
+
+def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
+    """A chunk of frames gone: the worker that meets it raises `DamagedStore`, which the
+    client reports as the single-process run would."""
+    import segpipe as api
+
+    store = tmp_path / "clip.zarr"
+    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
+    (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
+    proc = segpipe(
+        "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
+    )
+    assert_user_error(proc, "damaged", "'frames' chunk 2 is missing", "segpipe repair")
+    assert ledger_count(store, "encode") < CHUNKS
+    import dask
+
+    from segpipe import BadInput, encode
+
+    with pytest.raises(BadInput, match="not both"):
+        encode(store, random_weights=0, workers=2, scheduler=cluster.scheduler.address)
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+        pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"),
+    ):
+        encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")

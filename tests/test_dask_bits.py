@@ -93,36 +93,6 @@ def test_a_worker_that_computes_other_bits_is_refused_in_one_line(small, schedul
     assert tree_digest(store) == before
 
 
-def test_ctrl_c_of_a_dask_run_leaves_no_semaphore_warning(small, tmp_path):
-    """Ctrl-C at a terminal (SIGINT to the whole process group: the client and its workers)
-    mid-encode on `--workers 2`: nothing on stderr from multiprocessing's resource tracker
-    ("leaked semaphore objects") after the command. (A kill -9 of the client: every kill of
-    `tests/test_dask.py`'s `kill_client` checks the same.)"""
-    import signal
-
-    from conftest import ledger_count, wait_for
-
-    store = tmp_path / "s.zarr"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "segpipe.cli", *map(str, run_args(small, store))]
-        + ["--workers", "2", "--export", "none"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a shell's job
-    )
-    assert wait_for(lambda: ledger_count(store, "encode") >= 1, proc, timeout=300)
-    os.killpg(proc.pid, signal.SIGINT)
-    # (until every holder of its stderr is gone: the tracker too, which speaks when its
-    # parent is gone)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (proc.returncode, err)
-    assert ledger_count(store, "encode") < 6, "the stop landed mid-encode"
-    assert "leaked" not in err and "resource_tracker" not in err, err
-    assert "Traceback" not in err, err
-
-
 def test_local_workers_print_nothing_on_the_terminal(capfd):
     """segpipe's local workers and their nannies log nothing to the terminal they share with
     the client: a task's failure comes back to the client as its one-line error, and a
