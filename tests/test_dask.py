@@ -181,9 +181,10 @@ def kill_client(args: list[str], stage: str, hold: Path, when, ctrl_c: bool = Fa
         held = lambda: (hold / "claim").exists() and when()  # noqa: E731
         assert wait_for(held, proc, timeout=180), "no worker held mid-stage"
         workers = psutil.Process(proc.pid).children(recursive=True)
-        if ctrl_c:
+        if ctrl_c:  # (it stops at once: a client that waited for the held task never would)
             os.killpg(proc.pid, signal.SIGINT)
-            assert proc.wait(timeout=120) == 130
+            code = proc.wait(timeout=120)
+            assert code == 130, (code, stderr.read_text())
         else:
             proc.send_signal(signal.SIGKILL)
     finally:
