@@ -63,6 +63,9 @@ def bench_model(name: str, args, root: Path) -> dict:
     make_sample.write_video(root / "clip.mp4", frames)
     make_sample.write_prompts(root, masks, frames=(0, 1, 2))
     prompts = root / "prompts.json"
+    if args.runs_only:
+        row = dict(model=name, device=device, precision=precision, size=args.size)
+        return dict(row, frames=args.frames, **whole_runs(name, args, root, device, precision))
     model = build_model(name, args.size, weights, device)
     store = root / f"{name}.zarr"
     shutil.rmtree(store, ignore_errors=True)
@@ -135,10 +138,119 @@ def bench_model(name: str, args, root: Path) -> dict:
         a = np.ascontiguousarray(result.scores["forward"], np.float32).view(np.uint32)
         b = np.ascontiguousarray(ours_scores, np.float32).view(np.uint32)
         row[f"{label} scores differing"] = int((a != b).sum())
-    del model
+    if args.runs != "none":
+        del model  # (one model resident in each peak below)
+        row.update(whole_runs(name, args, root, device, precision))
+    else:
+        del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict:
+    """`segpipe run` (`segpipe.run`, the call the command makes) from the video file, forward,
+    no exports, under `--keep masks` and `--keep all`, beside SAM 2's predictor from a JPEG
+    folder of the same clip with its frame loading (`init_state`) timed too: what each takes
+    from a user's input to masks. The model is built before either is timed (segpipe takes
+    this thread's kept one), so neither includes start-up; one model is resident in each
+    peak of accelerator memory."""
+    import make_sample
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    import segpipe
+    from segpipe.model import Weights, release_predictors, resolve_weights, shared_predictor
+    from segpipe.prompts import load
+
+    out = {}
+    seed = None if args.checkpoint else 0
+    weights = (
+        resolve_weights(name, args.checkpoint, None) if args.checkpoint else Weights(random_seed=0)
+    )
+    kept = shared_predictor(name, args.size, weights, device)  # built now: the runs take it
+    keeps = args.runs.split(",")
+    for keep in keeps:
+        store = root / f"{name}-run-{keep}.zarr"
+        shutil.rmtree(store, ignore_errors=True)
+        peak_reset(device)
+        began = time.perf_counter()
+        segpipe.run(
+            root / "clip.mp4",
+            store,
+            root / "prompts.json",
+            chunk_size=args.chunk_size,
+            image_size=args.size,
+            model=name,
+            checkpoint=args.checkpoint,
+            random_weights=seed,
+            device=device,
+            precision=precision,
+            direction="forward",
+            keep=keep,
+            exports=[],
+            progress=False,
+        )
+        out[f"segpipe run --keep {keep} fps"] = args.frames / (time.perf_counter() - began)
+        out[f"segpipe run --keep {keep} peak MiB"] = peak_mib(device)
+        shutil.rmtree(store, ignore_errors=True)
+    jpegs = root / "jpegs"
+    if not jpegs.is_dir():
+        jpegs.mkdir()
+        frames, _ = make_sample.make_clip(num_frames=args.frames, width=640, height=480)
+        for t, frame in enumerate(frames):
+            Image.fromarray(frame).save(jpegs / f"{t:05d}.jpg", quality=95)
+    prompts = load(root / "prompts.json", args.frames, 640, 480)
+    from sam2.build_sam import build_sam2_video_predictor
+
+    from segpipe.model import OFFICIAL
+
+    official = build_sam2_video_predictor(  # as SAM 2's README builds it, our weights
+        OFFICIAL[name][0], device=device, hydra_overrides_extra=[f"++model.image_size={args.size}"]
+    )
+    official.load_state_dict(kept.state_dict())
+    del kept
+    release_predictors()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    model = official
+    if precision == "float32":  # SAM 2 crashes without its documented cast (tests/oracle.py)
+        from oracle import memory_cast
+
+        memory_cast(model)
+    peak_reset(device)
+    began = time.perf_counter()
+    with (
+        torch.inference_mode(),
+        torch.autocast(device, torch.bfloat16, enabled=precision == "bfloat16"),
+    ):
+        state = model.init_state(video_path=str(jpegs))
+        for p in prompts:
+            if p.mask is not None:
+                model.add_new_mask(state, p.frame, p.object_id, p.mask)
+            else:
+                model.add_new_points_or_box(
+                    state,
+                    p.frame,
+                    p.object_id,
+                    points=None if p.points is None else np.array(p.points, np.float32),
+                    labels=None if p.labels is None else np.array(p.labels, np.int32),
+                    box=None if p.box is None else np.array(p.box, np.float32),
+                )
+        for _, _, video_res in model.propagate_in_video(state):
+            (video_res[:, 0] > 0.0).cpu().numpy()
+    seconds = time.perf_counter() - began
+    del state, official, model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    out["official with frame loading fps"] = args.frames / seconds
+    out["official with frame loading peak MiB"] = peak_mib(device)
+    for keep in keeps:
+        out[f"run --keep {keep} / official (with loading)"] = (
+            out[f"segpipe run --keep {keep} fps"] / out["official with frame loading fps"]
+        )
+    return out
 
 
 def main() -> None:
@@ -151,6 +263,17 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--no-vos-optimized", action="store_true")
+    parser.add_argument(
+        "--runs",
+        default="masks,all",
+        help="the `segpipe run --keep` rows beside the predictor with its frame loading "
+        "(comma list of masks, all; 'none' leaves them out)",
+    )
+    parser.add_argument(
+        "--runs-only",
+        action="store_true",
+        help="only those rows: no staged stages, no parity (gpu_parity.py checks that)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()
     import torch

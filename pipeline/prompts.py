@@ -8,9 +8,10 @@ They come as a file, as the file's entries (a list of dicts) or as `Prompt` obje
 Pixel coordinates of the original video; labels 1 positive / 0 negative; a mask is a PNG
 the size of the video (non-zero = object), relative to the prompts file, or inline as a
 `data:image/png;base64,...` URI (what segpipe studio saves; in Python also a numpy
-array). An `id_mask` is an indexed PNG whose pixel values are object ids (a DAVIS
+array). An `id_mask` is a single-channel PNG whose pixel values are object ids (a DAVIS
 annotation): one mask prompt per non-zero id on it, lowest id first, as SAM 2's
-vos_inference adds them. Applied in order.
+vos_inference adds them; ids are read at the image's depth (`read_id_mask`: 8-bit palette
+or grey, 1..255; 16-bit grey, 1..65535). Applied in order.
 """
 
 from __future__ import annotations
@@ -226,12 +227,25 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     if not _is_int(frame) or not 0 <= frame < frame_count:
         fail(f"frame {frame!r} is out of range: the video has frames 0..{frame_count - 1}")
     name = entry["id_mask"]
+
+    def read(source, shown):
+        try:
+            return read_id_mask(source, f"id_mask {shown}")
+        except BadInput as e:
+            message = e.message
+        fail(message)  # named by its entry
+
     if isinstance(name, np.ndarray):
         ids, name = name, "array"
+        if ids.dtype.kind not in "biu":
+            fail(f"an id_mask array holds integer object ids, not {ids.dtype} values")
+        if ids.size and ids.min() < 0:
+            fail(f"an id_mask array holds object ids, never negative; it holds {ids.min()}")
     elif isinstance(name, str) and name.startswith(DATA_URI):
-        ids, name = read_id_mask(io.BytesIO(_base64(name[len(DATA_URI) :], fail))), "(inline data)"
+        data = io.BytesIO(_base64(name[len(DATA_URI) :], fail))
+        ids, name = read(data, "(inline data)"), "(inline data)"
     elif isinstance(name, str) and (base / name).is_file():
-        ids = read_id_mask(base / name)
+        ids = read(base / name, base / name)
     elif isinstance(name, str):
         fail(f"id_mask file not found: {base / name}")
     else:
@@ -246,13 +260,36 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     return [Prompt(obj, frame, mask=ids == obj) for obj in objects]
 
 
-def read_id_mask(path) -> np.ndarray:
-    """An annotation PNG's pixel values (object ids), as vos_inference reads them."""
+ID_MASK_MAX = 65535  # the most a 16-bit PNG holds
+
+
+def read_id_mask(path, label: str | None = None) -> np.ndarray:
+    """An id mask's (annotation's) pixel values, its object ids, exact at the image's depth:
+    uint8 from an 8-bit palette or grey image (a 1-bit one: 0/1), uint16 from a 16-bit grey
+    one (or a 32-bit integer one whose values all fit 0..65535). Anything else (colour,
+    alpha, floats, values out of that range) is a `BadInput`, one line starting with `label`
+    (default "annotation PATH"): ids are never cut to 8 bits, as vos_inference's
+    `astype(np.uint8)` does, which merges id 257 into 1 and drops 256 without a word."""
+    label = label or f"annotation {path}"
     try:
         with Image.open(path) as img:
-            return np.array(img).astype(np.uint8)
+            mode = img.mode
+            values = np.array(img)
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds
-        raise BadInput(f"annotation {path} is not a readable image ({type(e).__name__})") from None
+        raise BadInput(f"{label} is not a readable image ({type(e).__name__})") from None
+    if values.ndim != 2 or values.dtype.kind not in "biu":
+        raise BadInput(
+            f"{label} is a {mode} image, not a single-channel indexed (palette) or grey one "
+            f"(8 or 16 bits) whose values are object ids"
+        )
+    if values.dtype.itemsize == 1:  # "1", "L", "P"
+        return values.astype(np.uint8)
+    if values.size and (values.min() < 0 or values.max() > ID_MASK_MAX):
+        bad = int(values.min()) if values.min() < 0 else int(values.max())
+        raise BadInput(
+            f"{label} holds pixel value {bad}: object ids are 0..{ID_MASK_MAX} (a 16-bit PNG)"
+        )
+    return values.astype(np.uint16)  # "I;16", "I;16B" (native order now), "I"
 
 
 def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:

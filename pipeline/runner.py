@@ -18,7 +18,7 @@ from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import OUTPUT_NAMES
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
-from segpipe.store.retention import drop, keep_setting, set_keep
+from segpipe.store.retention import keep_setting, set_keep
 
 
 def run(
@@ -45,7 +45,7 @@ def run(
         Path(store),
         quiet=quiet,
         space=space,
-        on_commit=_frames_dropper(keep) if prompts is not None else None,
+        write_frames=_frames_written(keep) if prompts is not None else None,
         **decoding,
     )
     set_keep(decoded, keep)
@@ -79,15 +79,15 @@ def run(
         encode_stage(store, **encoding)  # re-prompting is then free
 
 
-def _frames_dropper(keep: str | None):
-    """decode's on_commit under `--keep masks`: its first pass only counts and times the
-    frames, so each chunk's frames go as soon as they are committed."""
+def _frames_written(keep: str | None):
+    """decode's `write_frames`: under `--keep masks` its first pass only counts, times and
+    digests the frames (the passes decode again each chunk they encode), so none is
+    written."""
 
-    def drop_frames(store, k):
-        if (keep or keep_setting(store)) == "masks":
-            drop(store, "frames", k)
+    def written(store) -> bool:
+        return (keep or keep_setting(store)) != "masks"
 
-    return drop_frames
+    return written
 
 
 def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> None:

@@ -14,11 +14,11 @@ import numpy as np
 
 from segpipe import log
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
-from segpipe.sources.frames import DIGEST, frame_digests, model_input
+from segpipe.sources.frames import DIGEST, frame_digests, model_input, resize_workers
 from segpipe.sources.identity import file_identity, same_file
 from segpipe.sources.video import DecodeError, is_damage, probe, video_streams
 from segpipe.store.lock import holds_store_lock
-from segpipe.store.retention import restored
+from segpipe.store.retention import drop, restored
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader, source_from
 
@@ -148,12 +148,14 @@ def decode(
     force: bool = False,
     stream: int | None = None,
     fps: float | None = None,
-    on_commit=None,
+    write_frames=None,
     space=None,
 ) -> RunStore:
-    """Decode `video` into the store, resuming an unfinished decode; `on_commit(store, k)` is
-    called after each chunk is committed (`run --keep masks` drops its frames then).
-    `space` (an `space.SpaceGuard`) is asked before the first write."""
+    """Decode `video` into the store, resuming an unfinished decode. `write_frames(store)`
+    False: the frames are not written, only counted, timed and digested, each chunk
+    recorded dropped (`run --keep masks`: its passes decode again the chunks they encode,
+    and keep those frames in memory only). `space` (an `space.SpaceGuard`) is asked before
+    the first write."""
     store = open_or_create_store(
         video, store_path, chunk_size, image_size, force, stream, fps, space
     )
@@ -161,7 +163,8 @@ def decode(
         _redecode_or_done(store, video, quiet)
         return store
     resume_chunk = resume_from(store, store.attrs["chunk_size"])
-    frames, write = _chunk_writer(store, resume_chunk, on_commit)
+    kept = write_frames is None or write_frames(store)
+    frames, write = _chunk_writer(store, resume_chunk, kept)
     broke_off = _decode_chunks(store, video, resume_chunk, write, quiet)
     _record_frame_count(store, video, frames.shape[0], broke_off, quiet)
     return store
@@ -177,8 +180,9 @@ def _redecode_or_done(store: RunStore, video: Path, quiet: bool) -> None:
         log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
 
 
-def _chunk_writer(store: RunStore, resume_chunk: int, on_commit):
-    """(frames array, write): the arrays cut to `resume_chunk`; write(k, ...) commits chunk k."""
+def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
+    """(frames array, write): the arrays cut to `resume_chunk`; write(k, ...) commits chunk k
+    (its frames recorded dropped instead of written, not `kept`)."""
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
     start = resume_chunk * C
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
@@ -193,13 +197,14 @@ def _chunk_writer(store: RunStore, resume_chunk: int, on_commit):
         lo, n = k * C, len(chunk)
         for arr in arrays:
             arr.resize((lo + n, *arr.shape[1:]))
-        frames[lo : lo + n] = chunk
+        if kept:
+            frames[lo : lo + n] = chunk
+        else:  # recorded dropped before it counts as decoded: no byte of it written
+            drop(store, "frames", k)
         pts_arr[lo : lo + n] = chunk_pts
         times[lo : lo + n] = chunk_times
         digests[lo : lo + n] = frame_digests(chunk)
-        store.commit(STAGE, k, names)
-        if on_commit is not None:
-            on_commit(store, k)
+        store.commit(STAGE, k, names if kept else names[1:])
 
     return frames, write
 
@@ -213,12 +218,12 @@ def _decode_chunks(
     claimed = store.attrs["video"]["claimed_frames"]
     broke_off = None
 
-    # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a small pool and
+    # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a pool and
     # each finished chunk is compressed and written behind, so at most two chunks are held.
     k, pending, batch, batch_pts, batch_times = resume_chunk, None, [], [], []
     with (
         log.progress("decode", claimed or None, quiet, initial=start) as bar,
-        ThreadPoolExecutor(2) as resizer,
+        ThreadPoolExecutor(resize_workers()) as resizer,
         ThreadPoolExecutor(1) as writer,
     ):
 
@@ -294,16 +299,25 @@ class Redecoder:
         self.plan = store.plan
         self.reader = SourceReader(store, video)
 
-    def chunk(self, k: int, quiet: bool = True) -> None:
+    def frames(self, k: int) -> tuple[np.ndarray, list, list, np.ndarray]:
+        """Chunk k's frames decoded again (resized side by side, as decode does), proven
+        those first decoded by their digests, not written: (frames, pts, times, digests)."""
         lo, hi = self.plan.bounds(k)
-        frames, pts, times = [], [], []
-        for p, seconds, picture in self.reader.frames(lo, hi - lo):
-            frames.append(model_input(picture, self.S))
-            pts.append(-1 if p is None else p)
-            times.append(seconds)
-        frames = np.stack(frames)
+        resized, pts, times = [], [], []
+        with ThreadPoolExecutor(resize_workers()) as resizer:
+            for p, seconds, picture in self.reader.frames(lo, hi - lo):
+                resized.append(resizer.submit(model_input, picture, self.S))
+                pts.append(-1 if p is None else p)
+                times.append(seconds)
+            frames = np.stack([f.result() for f in resized])
         digests = frame_digests(frames)
         self._same_as_first(k, digests)
+        return frames, pts, times, digests
+
+    def chunk(self, k: int, quiet: bool = True) -> None:
+        """Decode chunk k again into the store (repair; a dropped chunk restored)."""
+        lo, hi = self.plan.bounds(k)
+        frames, pts, times, digests = self.frames(k)
         self.store.array("frames")[lo:hi] = frames
         self.store.array("pts")[lo:hi] = pts
         self.store.array("timestamps")[lo:hi] = times

@@ -31,9 +31,12 @@ from segpipe.model import (
 from segpipe.plan import ChunkPlan
 from segpipe.store.features import (
     LEVELS,
+    as_read_back,
     level_array,
     memory_format,
+    restore_layout,
     storage_dtype,
+    stored_numpy_dtype,
     to_storage,
 )
 from segpipe.store.layout import require_decoded, reset_from
@@ -48,19 +51,35 @@ IMG_MEAN = torch.tensor((0.485, 0.456, 0.406), dtype=torch.float32)[:, None, Non
 IMG_STD = torch.tensor((0.229, 0.224, 0.225), dtype=torch.float32)[:, None, None]
 
 
-def preprocess(frames: np.ndarray) -> torch.Tensor:
-    """uint8 (N, S, S, 3) -> normalised float32 (N, 3, S, S), in SAM 2's arithmetic order:
-    /255 in float64 (numpy), cast to float32, subtract the mean, divide by the std.
+def _normalised(device: torch.device) -> torch.Tensor:
+    """(3 * 256,) float32: every uint8 value of each channel normalised in SAM 2's arithmetic
+    order (/255 in float64 (numpy), cast to float32, minus the mean, divided by the std)."""
+    key = str(device)
+    if key not in _TABLES:
+        values = torch.from_numpy(np.arange(256, dtype=np.uint8) / 255.0).to(torch.float32)
+        table = values.repeat(3, 1)
+        table -= IMG_MEAN[:, :, 0]
+        table /= IMG_STD[:, :, 0]
+        _TABLES[key] = table.reshape(-1).to(device)
+    return _TABLES[key]
+
+
+_TABLES: dict[str, torch.Tensor] = {}
+_CHANNEL = torch.arange(3).mul(256).view(1, 3, 1, 1)
+
+
+def preprocess(frames: np.ndarray, device=None) -> torch.Tensor:
+    """uint8 (N, S, S, 3) -> normalised float32 (N, 3, S, S), on `device` (None: the CPU):
+    SAM 2's frame loader's values bit for bit, each pixel looked up in the table of its 256
+    possible results (`_normalised`), so the uint8 frames are what crosses to the device.
     The result is contiguous NCHW like SAM 2's frame tensor: with a channels-last layout the
     convolutions take another kernel and the features change in the last bits."""
-    images = (
-        torch.from_numpy(frames / 255.0)
-        .permute(0, 3, 1, 2)
-        .to(torch.float32, memory_format=torch.contiguous_format)
-    )
-    images -= IMG_MEAN
-    images /= IMG_STD
-    return images
+    device = torch.device("cpu") if device is None else torch.device(device)
+    pixels = torch.from_numpy(np.ascontiguousarray(frames))
+    if device.type == "cuda":
+        pixels = pixels.pin_memory().to(device, non_blocking=True)
+    index = pixels.permute(0, 3, 1, 2).to(torch.int64) + _CHANNEL.to(device)
+    return _normalised(device)[index].contiguous(memory_format=torch.contiguous_format)
 
 
 @holds_store_lock
@@ -197,8 +216,8 @@ def _encode_chunks(
     def read(k):
         return k, frames_of(k)
 
-    def write(k, levels, kinds):
-        write_features(store, k, levels, kinds)
+    def write(k, encoded):
+        write_features(store, k, encoded)
 
     todo_frames = sum(hi - lo for lo, hi in map(plan.bounds, todo))
     # One chunk read ahead and one written behind while the current one is encoded.
@@ -213,40 +232,91 @@ def _encode_chunks(
             k, chunk_frames = next_read.result()
             if i + 1 < len(todo):
                 next_read = reader.submit(read, todo[i + 1])
-            levels, kinds = encode_frames(
-                predictor, chunk_frames, batch_size, embedding_dtype, precision
-            )
+            encoded = encode_frames(predictor, chunk_frames, batch_size, embedding_dtype, precision)
             if pending_write is not None:
                 pending_write.result()
-            pending_write = writer.submit(write, k, levels, kinds)
+            pending_write = writer.submit(write, k, encoded)
             bar.update(len(chunk_frames))
         pending_write.result()
 
 
 class FramesOnDisk:
-    """Chunk k's model-input frames, decoded again from the source first where they were
-    dropped (`segpipe.store.retention`)."""
+    """Chunk k's model-input frames: read from the store, or decoded again from the source
+    where they were dropped (`segpipe.store.retention`). Under `--keep masks` those are
+    held in memory only (nothing reads a chunk's frames once it is encoded); otherwise
+    they are written back, as a repair restores them. `ahead(k)` gets chunk k's on a
+    thread of its own while the caller works (one chunk ahead at most; never a write)."""
 
     def __init__(self, store: RunStore):
         self.store, self.redecoder = store, None
         self.plan = store.plan
+        self.in_memory = keep_setting(store) == "masks"
+        self.reader: ThreadPoolExecutor | None = None
+        self.coming = None  # (k, future of its frames)
 
     def __call__(self, k: int) -> np.ndarray:
+        coming, self.coming = self.coming, None
+        if coming is not None:
+            if coming[0] == k:
+                return coming[1].result()
+            coming[1].exception()  # another chunk's: the source is free once it ends
+        return self._get(k)
+
+    def ahead(self, k: int) -> None:
+        """Start getting chunk k's frames behind (where that writes nothing)."""
+        if self.coming is not None or not (self.in_memory or has(self.store, "frames", k)):
+            return
+        if self.reader is None:
+            self.reader = ThreadPoolExecutor(1, "segpipe-frames")
+        self.coming = (k, self.reader.submit(self._get, k))
+
+    def close(self) -> None:
+        """Wait for a read ahead in flight (its error is its caller's no longer)."""
+        if self.reader is not None:
+            self.reader.shutdown(cancel_futures=True)
+
+    def _get(self, k: int) -> np.ndarray:
         if not has(self.store, "frames", k):
             if self.redecoder is None:
                 from segpipe.stages.decode import Redecoder
                 from segpipe.store.source import stored_source
 
                 self.redecoder = Redecoder(self.store, stored_source(self.store))
+            if self.in_memory:
+                return self.redecoder.frames(k)[0]
             self.redecoder.chunk(k)
         return self.store.read("frames", *self.plan.bounds(k))
 
 
-def write_features(store: RunStore, k: int, levels, kinds, write: bool = True) -> None:
-    """Write chunk k's levels and commit it. A level's array is made by the first chunk
-    written that finds it missing (its shape, dtype and layout are known once the model has
-    produced them), the same whoever makes it (`level_array`): a kill between the levels
-    leaves some made, and the next chunk makes the others.
+class Encoded:
+    """A chunk's three levels as SAM 2's image encoder made them, on its device, with their
+    kinds ((layout, dtype SAM 2 computed it in, stored dtype) per level). `stored()`: as the
+    store holds them (host arrays: what a write writes). `as_read()`: as a read of them back
+    gives them to the tracker (the stored dtype's rounding applied, in the computed dtype and
+    layout), computed on the device: features kept in memory track exactly as features
+    read back, and never cross to the host unless written."""
+
+    def __init__(self, levels: list[torch.Tensor], kinds: list[tuple[str, str, str]]):
+        self.levels, self.kinds = levels, kinds
+        self.read: list[torch.Tensor] | None = None
+
+    def stored(self) -> list[np.ndarray]:
+        return [to_storage(t.cpu(), kind[2]) for t, kind in zip(self.levels, self.kinds)]
+
+    def as_read(self) -> list[torch.Tensor]:
+        if self.read is None:
+            self.read = [as_read_back(t, kind[2]) for t, kind in zip(self.levels, self.kinds)]
+        return self.read
+
+    def __len__(self) -> int:
+        return len(self.levels[0])
+
+
+def write_features(store: RunStore, k: int, encoded: Encoded, write: bool = True) -> None:
+    """Write chunk k's levels (`encoded`) and commit it. A level's array is made by the
+    first chunk written that finds it missing (its shape, dtype and layout are known once the
+    model has produced them), the same whoever makes it (`level_array`): a kill between the
+    levels leaves some made, and the next chunk makes the others.
 
     `write` False (under `--keep masks`, levels that only the pass at hand reads, which has
     them in memory): the level arrays are made all the same, and the chunk is recorded
@@ -254,10 +324,11 @@ def write_features(store: RunStore, k: int, levels, kinds, write: bool = True) -
     it is written. A crash before the pass commits it costs its encoding again, as for a
     dropped chunk."""
     lo, hi = store.plan.bounds(k)
-    for name, feats, kind in zip(LEVELS, levels, kinds):
-        arr = level_array(store, name, feats.shape[1:], feats.dtype, kind)
+    host = encoded.stored() if write else [None] * len(LEVELS)
+    for name, feats, kind, data in zip(LEVELS, encoded.levels, encoded.kinds, host):
+        arr = level_array(store, name, tuple(feats.shape[1:]), stored_numpy_dtype(kind[2]), kind)
         if write:
-            arr[lo:hi] = feats
+            arr[lo:hi] = data
     if write:
         store.commit(STAGE, k, list(LEVELS))
         restored(store, "features", k)
@@ -275,20 +346,19 @@ def encode_chunk(
     frames_of: FramesOnDisk,
     batch_size: int = 1,
     write: bool = True,
-) -> list[np.ndarray]:
+) -> Encoded:
     """Encode chunk k (again, where its features were dropped) as the stage encodes it: the
-    store's embedding dtype and precision, and write it. Returns its levels as stored;
-    `write`: see `write_features`."""
-    levels, kinds = chunk_levels(store, predictor, k, frames_of, batch_size)
-    write_features(store, k, levels, kinds, write)
-    return levels
+    store's embedding dtype and precision, and write it (`write`: see `write_features`)."""
+    encoded = chunk_levels(store, predictor, k, frames_of, batch_size)
+    write_features(store, k, encoded, write)
+    return encoded
 
 
 def chunk_levels(
     store: RunStore, predictor, k: int, frames_of: FramesOnDisk, batch_size: int = 1
-) -> tuple[list[np.ndarray], list[tuple[str, str, str]]]:
-    """Chunk k's levels as stored and their kinds (`encode_frames`), the store's embedding
-    dtype and precision, not written."""
+) -> Encoded:
+    """Chunk k's levels (`encode_frames`), in the store's embedding dtype and precision, not
+    written."""
     spec = store.attrs["model"]
     return encode_frames(
         predictor, frames_of(k), batch_size, spec["embedding_dtype"], spec["precision"]
@@ -298,21 +368,23 @@ def chunk_levels(
 @torch.inference_mode()
 def encode_frames(
     predictor, frames: np.ndarray, batch_size: int, dtype: str, precision: str = "float32"
-) -> tuple[list[np.ndarray], list[tuple[str, str, str]]]:
-    """Backbone levels of `frames` as stored arrays, batch by batch, and per level its
-    (layout, dtype SAM 2 computed it in, stored dtype)."""
+) -> Encoded:
+    """Backbone levels of `frames`, batch by batch, on the predictor's device, and per level
+    its (layout, dtype SAM 2 computed it in, stored dtype)."""
     device = predictor.device
-    outs: list[list[np.ndarray]] = [[], [], []]
+    outs: list[list[torch.Tensor]] = [[], [], []]
     kinds: list[tuple[str, str, str]] = []
     for lo in range(0, len(frames), batch_size):
-        images = preprocess(frames[lo : lo + batch_size])
-        if device.type == "cuda":
-            images = images.pin_memory().to(device, non_blocking=True)
+        images = preprocess(frames[lo : lo + batch_size], device)
         with autocast(device.type, precision):
-            backbone = predictor.forward_image(images.to(device))
+            backbone = predictor.forward_image(images)
         kinds = []
         for level, feats in enumerate(backbone["backbone_fpn"]):
             stored = storage_dtype(feats.dtype, dtype, precision)
             kinds.append((memory_format(feats), str(feats.dtype).removeprefix("torch."), stored))
-            outs[level].append(to_storage(feats.cpu(), stored))
-    return [np.concatenate(level) for level in outs], kinds
+            outs[level].append(feats)
+    levels = [
+        restore_layout(torch.cat(level), kind[0]) if len(level) > 1 else level[0]
+        for level, kind in zip(outs, kinds)
+    ]
+    return Encoded(levels, kinds)

@@ -16,7 +16,9 @@ import zarr
 from conftest import (
     assert_same_store,
     assert_user_error,
+    freeze,
     ledger_count,
+    ledger_records,
     popen_segpipe,
     require_root,
     run_args,
@@ -269,3 +271,92 @@ def test_damaged_chunks_are_detected_and_repaired(small, reference, tmp_path):
     assert_same_store(reference, store, skip=("ledger/export",), skip_attrs=("exports",))
     proc = segpipe("repair", "--store", store, check=True)
     assert "no damage found" in proc.stderr
+
+
+QUEUED = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.wait_before_write(sys.argv[1], 1, sys.argv[2])
+kill_points.cli(sys.argv[3:])
+"""
+
+
+def test_kill_9_with_a_write_queued_behind_the_tracking_then_rerun(small, reference, tmp_path):
+    """The tracker's writes run behind it (`segpipe.behind`): chunk k is written and
+    committed while the pass goes on. The masks write of forward chunk 2 is held (the pass
+    starts at chunk 1, frame 5), and the pass goes on regardless: it encodes chunk 3 (the
+    old order, write then go on, would wait for the held write for ever). A kill -9 there,
+    chunk 2 queued and not committed, then a rerun: every array and exported file equals an
+    uninterrupted run's."""
+    store = tmp_path / "run.zarr"
+    proc = spawn(
+        ["/masks/c/2/", tmp_path / "never", *run_args(small, store)],
+        code=QUEUED,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        went_on = wait_for(lambda: 3 in ledger_records(store, "encode"), proc, timeout=300)
+        freeze(proc)
+        forward = set(ledger_records(store, "track_forward"))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert went_on, "the pass waited for the held write of chunk 2"
+    assert forward == {1}, forward  # chunk 2 was queued, not committed, at the kill
+    run_in_process(small, store)
+    assert_same_store(reference, store)
+    assert export_files(store) == export_files(reference)
+
+
+def test_a_chunk_is_written_while_the_next_is_tracked(small, reference, tmp_path):
+    """Timestamps from a real run: the write of forward chunk 1 (its masks, memory, commit
+    and exports) is held until the tracker has tracked every frame of chunk 2, on the main
+    thread, meanwhile. Were the writes not behind the tracking, chunk 2 could not be
+    tracked before chunk 1's write ended, and the held write would give up (the run fails).
+    The result is an uninterrupted run's."""
+    import threading
+
+    from segpipe.stages.track.tracker import Tracker
+
+    write, track_frame = Tracker.write, Tracker.track_frame
+    tracked_all = threading.Event()
+    seen = {"frames": {}, "writes": {}}
+
+    def held_write(self, k, *args):
+        began = time.perf_counter()
+        if (self.direction, k) == ("forward", 1):
+            assert tracked_all.wait(120), "chunk 2 was not tracked while chunk 1 was written"
+        write(self, k, *args)
+        seen["writes"][self.direction, k] = (began, time.perf_counter(), threading.get_ident())
+
+    def timed_frame(self, f, *args):
+        began = time.perf_counter()
+        out = track_frame(self, f, *args)
+        seen["frames"][self.direction, f] = (began, time.perf_counter(), threading.get_ident())
+        if self.direction == "forward" and f == self.plan.bounds(2)[1] - 1:
+            tracked_all.set()
+        return out
+
+    Tracker.write, Tracker.track_frame = held_write, timed_frame
+    try:
+        store = tmp_path / "run.zarr"
+        run_in_process(small, store)
+    finally:
+        Tracker.write, Tracker.track_frame = write, track_frame
+    began, ended, writer = seen["writes"]["forward", 1]
+    chunk2 = [seen["frames"]["forward", f] for f in range(*store_plan_bounds(2))]
+    main = threading.main_thread().ident
+    assert writer != main and all(t == main for _, _, t in chunk2)
+    # chunk 2 tracked from start to end before chunk 1's write ended (that write, begun
+    # when chunk 1 was tracked, may get its thread only later: its start is not asserted)
+    assert all(b < ended for _, b, _ in chunk2), (began, ended, chunk2)
+    assert_same_store(reference, store)
+    assert export_files(store) == export_files(reference)
+
+
+def store_plan_bounds(k: int) -> tuple[int, int]:
+    """Frames of chunk k in `run_args`' chunks of 4."""
+    return 4 * k, 4 * k + 4

@@ -18,6 +18,7 @@ LAYERS = {
         "segpipe.fsutil",
         "segpipe.log",
         "segpipe.interrupt",
+        "segpipe.behind",
         "segpipe.plan",
         "segpipe.prompts",
     ],

@@ -16,6 +16,14 @@ def model_input(picture, size: int) -> np.ndarray:
 DIGEST = 16  # bytes of a frame's digest
 
 
+def resize_workers() -> int:
+    """Threads that resize frames side by side (PIL releases the GIL): two, and up to half
+    the cores where there are more (a GPU machine's CPU keeps up with its encoder then)."""
+    import os
+
+    return min(8, max(2, (os.cpu_count() or 2) // 2))
+
+
 def frame_digests(frames: np.ndarray) -> np.ndarray:
     """(N, DIGEST) uint8: each model input's BLAKE2b digest. A chunk whose frames were
     dropped (see `segpipe.store.retention`) is found again in the source by its pts and these."""

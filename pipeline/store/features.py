@@ -85,6 +85,20 @@ def to_storage(x: torch.Tensor, dtype: str) -> np.ndarray:
     return x.to(getattr(torch, dtype)).numpy()
 
 
+def stored_numpy_dtype(dtype: str) -> np.dtype:
+    """The array dtype a level stored as `dtype` has (bfloat16: its bits in uint16)."""
+    return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def as_read_back(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """`x` (a level as SAM 2 computed it) as storing it as `dtype` and reading it back gives
+    it (`to_storage`, `from_storage`, then SAM 2's dtype), on its own device: the same casts
+    in the same order. Float32 holds every computed dtype exactly: `x` itself then."""
+    if dtype == "float32":
+        return x
+    return x.to(getattr(torch, dtype)).to(torch.float32).to(x.dtype)
+
+
 def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
     """Stored features back to a float32 tensor (exact for every stored dtype)."""
     if dtype == "bfloat16":

@@ -194,6 +194,11 @@ def _load(layout: Layout, video: str, name: str, allow_missing: bool):
         if not path.is_file():
             return None, None
         ids, palette = _read(path)
+        if ids.max(initial=0) > 255:  # 16 bits: the tool would cut the ids to 8 without a word
+            raise BadInput(
+                f"annotation {path} holds object id {ids.max()}: vos_inference reads ids "
+                f"1..255 (8 bits), as its output PNGs hold them"
+            )
         return {int(v): ids == v for v in np.unique(ids) if v > 0}, palette
     masks, palette = {}, None
     for obj_dir in _object_dirs(layout, video):
@@ -210,9 +215,7 @@ def _load(layout: Layout, video: str, name: str, allow_missing: bool):
 def _read(path: Path) -> tuple[np.ndarray, list[int] | None]:
     from PIL import Image
 
-    values = read_id_mask(path)
-    if values.ndim != 2:
-        raise BadInput(f"annotation {path} is not an indexed (palette) or grey PNG")
+    values = read_id_mask(path)  # exact: uint8 (8 bits), uint16 (16), else BadInput
     with Image.open(path) as img:
         palette = img.getpalette()
     return values, palette

@@ -225,10 +225,13 @@ class MemoryStore:
                 arr[...] = data
                 self.store.commit_array(path)
 
-    def write_snapshot(self, chunk: int, memory: TrackerMemory) -> list[str]:
-        """Write the boundary snapshot after `chunk`; returns the arrays to commit."""
+    def snapshot(self, memory: TrackerMemory) -> list[tuple]:
+        """The boundary snapshot of `memory` on the host, per object: its five arrays and
+        their torch dtypes (taken on the tracking thread, since the memory moves on;
+        written by `write_snapshot`, which may run behind)."""
         M, P = self.reach.maskmem_slots, self.reach.pointer_slots
-        for slot, obj in zip(self.slots, memory.objects):
+        out = []
+        for obj in memory.objects:
             mem_frame = np.full((1, M), -1, np.int32)
             maskmem = np.zeros((1, M, *self.maskmem_shape), np.uint16)
             ptr_frame = np.full((1, P), -1, np.int32)
@@ -252,10 +255,15 @@ class MemoryStore:
                 _dtype(some and some.obj_ptr),
                 _dtype(some and some.score),
             ]
+            out.append(((mem_frame, maskmem, ptr_frame, ptr, score), dtypes))
+        return out
+
+    def write_snapshot(self, chunk: int, snapshot: list[tuple]) -> list[str]:
+        """Write the boundary snapshot after `chunk` (`snapshot`); returns the arrays to
+        commit."""
+        for slot, (datas, dtypes) in zip(self.slots, snapshot):
             for path, data, dtype in zip(
-                memory_arrays(self.direction, slot, "recent"),
-                (mem_frame, maskmem, ptr_frame, ptr, score),
-                dtypes,
+                memory_arrays(self.direction, slot, "recent"), datas, dtypes
             ):
                 arr = self.store.array(path)
                 if arr is None:

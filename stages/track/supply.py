@@ -23,9 +23,8 @@ encoded, and its features once no pass still to run needs them (see
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-
 from segpipe import interrupt, log
+from segpipe.behind import Behind
 from segpipe.plan import ChunkPlan, Span
 from segpipe.store.retention import drop, has, keep_setting, on_disk
 from segpipe.store.runstore import RunStore
@@ -58,41 +57,37 @@ class ChunkSupply:
         from segpipe.stages.encode import FramesOnDisk  # torch: only once there is work
 
         self.frames_of = FramesOnDisk(store)
-        self.held: dict[int, list] = {}  # chunk -> its levels as stored, encoded here
-        self.writer = ThreadPoolExecutor(1, "segpipe-features") if self.keep == "all" else None
-        self.writing: Future | None = None  # the write behind, in flight
+        self.held: dict = {}  # chunk -> its `Encoded` levels (on the device), encoded here
+        self.writer = Behind("segpipe-features") if self.keep == "all" else None
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, tb):
-        if self.writer is None:
-            return
         try:
-            if kind is None:
-                self.written()
+            if self.writer is not None:
+                self.writer.__exit__(kind, error, tb)
         finally:
-            self.writer.shutdown()  # waits for a write in flight; the error at hand goes on
+            self.frames_of.close()
 
     def written(self) -> None:
         """The write in flight committed; its error raised here."""
-        writing, self.writing = self.writing, None
-        if writing is not None:
-            writing.result()
+        if self.writer is not None:
+            self.writer.wait()
 
-    def _write_behind(self, k: int, levels, kinds) -> None:
+    def _write_behind(self, k: int, encoded) -> None:
         from segpipe.stages.encode import write_features
 
         try:
-            write_features(self.store, k, levels, kinds)
+            write_features(self.store, k, encoded)
         except interrupt.Interrupted:  # raised once the chunk is committed: the pass stops
             pass  # at its own next commit or look (the chunk it encoded meanwhile is kept)
 
     def _failed(self) -> None:
         """Raise the error of a write behind that has failed (disk full...), not waiting for
         one still in flight: the pass stops at once, not at the next chunk it encodes."""
-        if self.writing is not None and self.writing.done():
-            self.written()
+        if self.writer is not None:
+            self.writer.failed()
 
     @staticmethod
     def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
@@ -112,16 +107,15 @@ class ChunkSupply:
             interrupt.check()  # a signal during the write behind: stop before encoding more
         from segpipe.stages.encode import chunk_levels
 
-        levels, kinds = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
-        self.held[k] = levels
+        encoded = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
+        self.held[k] = encoded
         if self.writer is not None:  # --keep all: written behind the tracking
-            self.written()
-            self.writing = self.writer.submit(self._write_behind, k, levels, kinds)
+            self.writer.submit(self._write_behind, k, encoded)
         else:
             from segpipe.stages.encode import write_features
 
             write = k in self.prompt_chunks or self._reads(k) > 1
-            write_features(self.store, k, levels, kinds, write)
+            write_features(self.store, k, encoded, write)
         self._bound()
         if self.bar is not None:
             lo, hi = self.store.plan.bounds(k)
@@ -141,6 +135,12 @@ class ChunkSupply:
             if len(self.held) <= HOLD:
                 break
             del self.held[k]
+
+    def ahead(self, k: int) -> None:
+        """Chunk k will be asked for next: where it has to be encoded, its frames are got
+        (read, or decoded again) behind the work at hand."""
+        if not self.has(k):
+            self.frames_of.ahead(k)
 
     def has(self, k: int) -> bool:
         """Whether chunk k's features are held or on disk (ready to read)."""
@@ -163,10 +163,18 @@ class ChunkSupply:
         for k in left:
             self._drop_unneeded(k)
 
-    def release(self, unit, k: int) -> None:
-        """`unit` has committed chunk k."""
+    def tracked(self, unit, k: int) -> None:
+        """`unit` has tracked chunk k (its commit may still be on its way): the features
+        held for it go from memory if no read of them is left."""
         self._failed()
         self.remaining[unit].discard(k)
+        if not self._reads(k):
+            self.held.pop(k, None)
+
+    def committed(self, k: int) -> None:
+        """A unit's chunk k is committed: under `--keep masks` its features go from the
+        disk too if no read of them is left (not before the commit: a crash in between
+        would cost the chunk's encoding again)."""
         self._drop_unneeded(k)
 
     def _drop_unneeded(self, k: int) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from segpipe import log
 from segpipe import prompts as prompt_file
+from segpipe.behind import Behind
 from segpipe.errors import BadInput
 from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.batch import batches, one_of, stacked
@@ -31,7 +32,7 @@ class StoredFeatures(dict):
     chunk of stored embeddings currently loaded, so the image encoder is never called. Each
     level comes back in the dtype and memory layout SAM 2 computed it in; the next chunk is
     read from the store while the current one is tracked. A chunk in `held` (chunk -> its
-    levels as stored: encoded in this process) is taken from there, not read back."""
+    `Encoded` levels: encoded in this process) is taken from there, not read back."""
 
     def __init__(self, store: RunStore, device, pos_enc: list[torch.Tensor], held: dict):
         super().__init__()
@@ -43,13 +44,15 @@ class StoredFeatures(dict):
         self.ahead = None  # ((lo, hi), future of the host tensors)
 
     def _read(self, lo: int, hi: int) -> list[torch.Tensor]:
-        """Frames lo..hi (of one chunk) of every level, from memory where held."""
+        """Frames lo..hi (of one chunk) of every level, from memory where held (as a read
+        back gives them, on the device: `Encoded.as_read`)."""
         k = self.store.plan.chunk_of(lo)
         held, start = self.held.get(k), self.store.plan.bounds(k)[0]
+        if held is not None:
+            return [level[lo - start : hi - start] for level in held.as_read()]
         host = []
-        for i, (name, (stored, computed, _)) in enumerate(zip(LEVELS, self.kinds)):
-            a = self.store.read(name, lo, hi) if held is None else held[i][lo - start : hi - start]
-            feats = from_storage(a, stored).to(computed)
+        for name, (stored, computed, _) in zip(LEVELS, self.kinds):
+            feats = from_storage(self.store.read(name, lo, hi), stored).to(computed)
             host.append(feats.pin_memory() if self.device.type == "cuda" else feats)
         return host
 
@@ -225,15 +228,19 @@ class Tracker:
         self.after = dict(zip(todo, todo[1:]))  # the chunk to read ahead while one is tracked
         total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
         state = memory = after = None
-        with log.progress(f"track {self.direction}", total, quiet) as bar:
+        # each chunk's writes, commit and `on_commit` (exports) run behind, while the next
+        # chunk is tracked: one in flight at most (`segpipe.behind`)
+        with (
+            log.progress(f"track {self.direction}", total, quiet) as bar,
+            Behind("segpipe-track-writes") as self.writer,
+        ):
             for k in todo:
                 self.supply.ensure(k)
                 before = previous.get(k)
                 if state is None or after != before:
+                    self.writer.wait()  # a restore reads the snapshot written behind
                     state, memory = self.restore(before)
                 self.track_chunk(k, state, memory, owned, bar)
-                if self.on_commit is not None:  # once the chunk's buffers are freed
-                    self.on_commit(self.direction, k)
                 after = k
         self.supply.finished(self.unit)
 
@@ -302,6 +309,7 @@ class Tracker:
         frame_scores, frame_areas = {}, {}
         mine = np.zeros(hi - lo, bool)
         for f in frames:
+            self.writer.failed()  # a failed write behind (disk full, a stop) stops the pass
             scores, logits = self.track_frame(f, state, memory)
             areas = []
             for o, video_res in self.video_res(state, logits):
@@ -319,7 +327,19 @@ class Tracker:
         areas = chunk_areas(frame_areas, frames, lo, hi, O)
         if cuda:
             torch.cuda.current_stream(self.predictor.device).synchronize()  # the mask copies
-        self.write(k, lo, host_masks.numpy(), scores, areas, mine, memory)
+        snapshot = self.memstore.snapshot(memory)  # here: the memory moves on
+        self.supply.tracked(self.unit, k)
+        self.writer.submit(
+            self.write,
+            k,
+            lo,
+            host_masks.numpy(),
+            scores,
+            areas,
+            mine,
+            snapshot,
+            then=lambda: self.supply.committed(k),
+        )
 
     def track_frame(self, f: int, state: dict, memory: TrackerMemory) -> tuple[list, list]:
         """Every object's SAM 2 step on frame f, one after another as SAM 2 tracks them (a
@@ -372,10 +392,15 @@ class Tracker:
             yield o, one_of(out, i, self.pos), pred[i : i + 1]
 
     def load_features(self, k: int, lo: int, hi: int) -> None:
-        """Load chunk k's features; read the next chunk's ahead if they are ready."""
+        """Load chunk k's features; read the next chunk's ahead if they are ready, else
+        get its frames ahead, to encode."""
         self.features.load(lo, hi)
-        if k in self.after and self.supply.has(self.after[k]):
+        if k not in self.after:
+            return
+        if self.supply.has(self.after[k]):
             self.features.read_ahead(*self.plan.bounds(self.after[k]))
+        else:
+            self.supply.ahead(self.after[k])
 
     def video_res(self, state: dict, logits: list):
         """The frame's mask logits at the video's size, as (first slot, (n, 1, H, W))
@@ -407,10 +432,10 @@ class Tracker:
         video_res = torch.cat(list(rows), dim=0)
         yield 0, self.predictor._apply_non_overlapping_constraints(video_res)
 
-    def write(self, k, lo, packed, scores, areas, mine, memory) -> None:
+    def write(self, k, lo, packed, scores, areas, mine, snapshot) -> None:
         """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
-        object, at a time; scores; areas, each mask's pixel count) and its memory snapshot,
-        then commit it."""
+        object, at a time; scores; areas, each mask's pixel count) and its memory
+        `snapshot`, commit it, and hand it to `on_commit` (behind the tracking: `run`)."""
         idx = np.nonzero(mine)[0]
         if len(idx):
             a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
@@ -421,9 +446,10 @@ class Tracker:
             self.store.array("object_areas")[a:b, s0:s1] = areas[idx[0] : idx[-1] + 1]
             self.store.array("object_scores")[a:b, s0:s1] = scores[idx[0] : idx[-1] + 1]
             self.store.array("tracked")[a:b, s0:s1] = True
-        written = self.memstore.write_snapshot(k, memory)
+        written = self.memstore.write_snapshot(k, snapshot)
         self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
-        self.supply.release(self.unit, k)
+        if self.on_commit is not None:
+            self.on_commit(self.direction, k)
 
 
 def chunk_scores(frame_scores: dict, frames: list[int], lo: int, hi: int, O: int) -> np.ndarray:
