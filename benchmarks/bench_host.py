@@ -136,6 +136,7 @@ def segpipe_steps(timers: Timers) -> None:
         (decode, "_decode_chunks", "decode: whole video before tracking (main thread)"),
         (decode.Redecoder, "chunk", "decode again (--keep masks): decode, write frames"),
         (frames, "model_input", "resize to the model's input"),
+        (frames, "digested_input", "frame prepared (other)"),
         (frames, "frame_digests", "frame digests"),
         (encode.FramesOnDisk, "__call__", "frames read from the store"),
         (encode, "preprocess", "preprocess (normalise)"),

@@ -14,7 +14,7 @@ import numpy as np
 
 from segpipe import log
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
-from segpipe.sources.frames import DIGEST, frame_digests, model_input, resize_workers
+from segpipe.sources.frames import DIGEST, digested_input, resize_workers
 from segpipe.sources.identity import file_identity, same_file
 from segpipe.sources.video import DecodeError, is_damage, probe, video_streams
 from segpipe.store.lock import holds_store_lock
@@ -193,7 +193,7 @@ def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     arrays = [frames, pts_arr, times, digests]
     names = ["frames", "pts", "timestamps", "frame_digests"]
 
-    def write(k: int, chunk: np.ndarray, chunk_pts: list, chunk_times: list) -> None:
+    def write(k: int, chunk: np.ndarray, chunk_digests, chunk_pts: list, chunk_times: list):
         lo, n = k * C, len(chunk)
         for arr in arrays:
             arr.resize((lo + n, *arr.shape[1:]))
@@ -203,7 +203,7 @@ def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
             drop(store, "frames", k)
         pts_arr[lo : lo + n] = chunk_pts
         times[lo : lo + n] = chunk_times
-        digests[lo : lo + n] = frame_digests(chunk)
+        digests[lo : lo + n] = chunk_digests
         store.commit(STAGE, k, names if kept else names[1:])
 
     return frames, write
@@ -219,7 +219,8 @@ def _decode_chunks(
     broke_off = None
 
     # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a pool and
-    # each finished chunk is compressed and written behind, so at most two chunks are held.
+    # each finished chunk is compressed and written behind, so at most two chunks are held
+    # (each frame's digest is taken in the pool too).
     k, pending, batch, batch_pts, batch_times = resume_chunk, None, [], [], []
     with (
         log.progress("decode", claimed or None, quiet, initial=start) as bar,
@@ -230,19 +231,20 @@ def _decode_chunks(
         def flush():
             nonlocal k, pending, batch, batch_pts, batch_times
             try:
-                chunk = np.stack([f.result() for f in batch])
+                done = [f.result() for f in batch]
             except Exception as e:  # noqa: BLE001 - sorted by is_damage below
                 if not is_damage(e):
                     raise
                 raise DecodeError(f"frame {k * C} onwards cannot be converted ({e})") from None
+            chunk, digested = np.stack([f for f, _ in done]), np.stack([d for _, d in done])
             if pending is not None:
                 pending.result()
-            pending = writer.submit(write, k, chunk, batch_pts, batch_times)
+            pending = writer.submit(write, k, chunk, digested, batch_pts, batch_times)
             k, batch, batch_pts, batch_times = k + 1, [], [], []
 
         try:
             for pts, seconds, picture in source_from(store, video, start):
-                batch.append(resizer.submit(model_input, picture, S))
+                batch.append(resizer.submit(digested_input, picture, S))
                 batch_pts.append(-1 if pts is None else pts)
                 batch_times.append(seconds)
                 bar.update(1)
@@ -306,11 +308,11 @@ class Redecoder:
         resized, pts, times = [], [], []
         with ThreadPoolExecutor(resize_workers()) as resizer:
             for p, seconds, picture in self.reader.frames(lo, hi - lo):
-                resized.append(resizer.submit(model_input, picture, self.S))
+                resized.append(resizer.submit(digested_input, picture, self.S))
                 pts.append(-1 if p is None else p)
                 times.append(seconds)
-            frames = np.stack([f.result() for f in resized])
-        digests = frame_digests(frames)
+            done = [f.result() for f in resized]
+        frames, digests = np.stack([f for f, _ in done]), np.stack([d for _, d in done])
         self._same_as_first(k, digests)
         return frames, pts, times, digests
 

@@ -24,6 +24,13 @@ def resize_workers() -> int:
     return min(8, max(2, (os.cpu_count() or 2) // 2))
 
 
+def digested_input(picture, S: int) -> tuple[np.ndarray, np.ndarray]:
+    """(`model_input`, its digest as `frame_digests` gives it): one frame's work, for a pool
+    of threads (PIL's resize and BLAKE2b both release the GIL)."""
+    frame = model_input(picture, S)
+    return frame, frame_digests(frame[None])[0]
+
+
 def frame_digests(frames: np.ndarray) -> np.ndarray:
     """(N, DIGEST) uint8: each model input's BLAKE2b digest. A chunk whose frames were
     dropped (see `segpipe.store.retention`) is found again in the source by its pts and these."""
