@@ -171,7 +171,8 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
     )
     kept = shared_predictor(name, args.size, weights, device)  # built now: the runs take it
     keeps = args.runs.split(",")
-    for keep in keeps:
+    runs = [k if keeps[:i].count(k) == 0 else f"{k} (again)" for i, k in enumerate(keeps)]
+    for keep, label in zip(keeps, runs):
         store = root / f"{name}-run-{keep}.zarr"
         shutil.rmtree(store, ignore_errors=True)
         peak_reset(device)
@@ -192,8 +193,8 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
             exports=[],
             progress=False,
         )
-        out[f"segpipe run --keep {keep} fps"] = args.frames / (time.perf_counter() - began)
-        out[f"segpipe run --keep {keep} peak MiB"] = peak_mib(device)
+        out[f"segpipe run --keep {label} fps"] = args.frames / (time.perf_counter() - began)
+        out[f"segpipe run --keep {label} peak MiB"] = peak_mib(device)
         shutil.rmtree(store, ignore_errors=True)
     jpegs = root / "jpegs"
     if not jpegs.is_dir():
@@ -246,9 +247,9 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
         torch.cuda.empty_cache()
     out["official with frame loading fps"] = args.frames / seconds
     out["official with frame loading peak MiB"] = peak_mib(device)
-    for keep in keeps:
-        out[f"run --keep {keep} / official (with loading)"] = (
-            out[f"segpipe run --keep {keep} fps"] / out["official with frame loading fps"]
+    for label in runs:
+        out[f"run --keep {label} / official (with loading)"] = (
+            out[f"segpipe run --keep {label} fps"] / out["official with frame loading fps"]
         )
     return out
 

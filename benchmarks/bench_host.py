@@ -134,7 +134,8 @@ def segpipe_steps(timers: Timers) -> None:
 
     steps = [
         (decode, "_decode_chunks", "decode: whole video before tracking (main thread)"),
-        (decode.Redecoder, "chunk", "decode again (--keep masks): decode, write frames"),
+        (decode.Redecoder, "frames", "decode again (--keep masks: into memory)"),
+        (decode.Redecoder, "chunk", "decode again, written (repair)"),
         (frames, "model_input", "resize to the model's input"),
         (frames, "digested_input", "frame prepared (other)"),
         (frames, "frame_digests", "frame digests"),

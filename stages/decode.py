@@ -14,6 +14,7 @@ import numpy as np
 
 from segpipe import log
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
+from segpipe.fsutil import fsync_path
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
 from segpipe.sources.identity import file_identity, same_file
 from segpipe.sources.video import DecodeError, is_damage, probe, video_streams
@@ -204,7 +205,11 @@ def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
         pts_arr[lo : lo + n] = chunk_pts
         times[lo : lo + n] = chunk_times
         digests[lo : lo + n] = chunk_digests
+        if not kept:  # its new length, durable with the chunks it counts
+            fsync_path(store.path / "frames" / "zarr.json")
         store.commit(STAGE, k, names if kept else names[1:])
+        if kept:  # (a drop recorded before a crash, now written after all)
+            restored(store, "frames", k)
 
     return frames, write
 

@@ -65,7 +65,14 @@ def _normalised(device: torch.device) -> torch.Tensor:
 
 
 _TABLES: dict[str, torch.Tensor] = {}
-_CHANNEL = torch.arange(3).mul(256).view(1, 3, 1, 1)
+
+
+def _channel_offsets(device: torch.device) -> torch.Tensor:
+    """(1, 3, 1, 1) int64: where each channel's 256 values start in the table."""
+    key = f"offsets {device}"
+    if key not in _TABLES:
+        _TABLES[key] = torch.arange(3, device=device).mul(256).view(1, 3, 1, 1)
+    return _TABLES[key]
 
 
 def preprocess(frames: np.ndarray, device=None) -> torch.Tensor:
@@ -78,7 +85,9 @@ def preprocess(frames: np.ndarray, device=None) -> torch.Tensor:
     pixels = torch.from_numpy(np.ascontiguousarray(frames))
     if device.type == "cuda":
         pixels = pixels.pin_memory().to(device, non_blocking=True)
-    index = pixels.permute(0, 3, 1, 2).to(torch.int64) + _CHANNEL.to(device)
+    elif device.type != "cpu":  # MPS and the like
+        pixels = pixels.to(device)
+    index = pixels.permute(0, 3, 1, 2).to(torch.int64) + _channel_offsets(device)
     return _normalised(device)[index].contiguous(memory_format=torch.contiguous_format)
 
 
@@ -289,24 +298,26 @@ class FramesOnDisk:
 
 
 class Encoded:
-    """A chunk's three levels as SAM 2's image encoder made them, on its device, with their
-    kinds ((layout, dtype SAM 2 computed it in, stored dtype) per level). `stored()`: as the
-    store holds them (host arrays: what a write writes). `as_read()`: as a read of them back
-    gives them to the tracker (the stored dtype's rounding applied, in the computed dtype and
-    layout), computed on the device: features kept in memory track exactly as features
-    read back, and never cross to the host unless written."""
+    """A chunk's three levels as SAM 2's image encoder made them, each held in the dtype it
+    is stored in where that is not float32 (float32 holds every computed dtype exactly: the
+    level itself then), with their kinds ((layout, dtype SAM 2 computed it in, stored
+    dtype) per level); on the device (`run`'s passes) or on the host (the encode stage).
+    `stored()`: as the store holds them (host arrays: what a write writes). `read(a, b)`:
+    frames a..b-1 as a read of them back gives them to the tracker (`as_read_back`: the
+    stored dtype's rounding applied, in the computed dtype and layout), on the levels'
+    device: features kept in memory track exactly as features read back."""
 
     def __init__(self, levels: list[torch.Tensor], kinds: list[tuple[str, str, str]]):
         self.levels, self.kinds = levels, kinds
-        self.read: list[torch.Tensor] | None = None
 
     def stored(self) -> list[np.ndarray]:
         return [to_storage(t.cpu(), kind[2]) for t, kind in zip(self.levels, self.kinds)]
 
-    def as_read(self) -> list[torch.Tensor]:
-        if self.read is None:
-            self.read = [as_read_back(t, kind[2]) for t, kind in zip(self.levels, self.kinds)]
-        return self.read
+    def read(self, a: int, b: int) -> list[torch.Tensor]:
+        return [
+            as_read_back(t[a:b], kind[2], getattr(torch, kind[1]))
+            for t, kind in zip(self.levels, self.kinds)
+        ]
 
     def __len__(self) -> int:
         return len(self.levels[0])
@@ -355,22 +366,38 @@ def encode_chunk(
 
 
 def chunk_levels(
-    store: RunStore, predictor, k: int, frames_of: FramesOnDisk, batch_size: int = 1
+    store: RunStore,
+    predictor,
+    k: int,
+    frames_of: FramesOnDisk,
+    batch_size: int = 1,
+    on_device: bool = False,
 ) -> Encoded:
     """Chunk k's levels (`encode_frames`), in the store's embedding dtype and precision, not
-    written."""
+    written; kept on the predictor's device (`on_device`: a pass reads them next)."""
     spec = store.attrs["model"]
     return encode_frames(
-        predictor, frames_of(k), batch_size, spec["embedding_dtype"], spec["precision"]
+        predictor,
+        frames_of(k),
+        batch_size,
+        spec["embedding_dtype"],
+        spec["precision"],
+        on_device,
     )
 
 
 @torch.inference_mode()
 def encode_frames(
-    predictor, frames: np.ndarray, batch_size: int, dtype: str, precision: str = "float32"
+    predictor,
+    frames: np.ndarray,
+    batch_size: int,
+    dtype: str,
+    precision: str = "float32",
+    on_device: bool = False,
 ) -> Encoded:
-    """Backbone levels of `frames`, batch by batch, on the predictor's device, and per level
-    its (layout, dtype SAM 2 computed it in, stored dtype)."""
+    """Backbone levels of `frames`, batch by batch, and per level its (layout, dtype SAM 2
+    computed it in, stored dtype); each batch's levels go to the host as they are made
+    unless `on_device`."""
     device = predictor.device
     outs: list[list[torch.Tensor]] = [[], [], []]
     kinds: list[tuple[str, str, str]] = []
@@ -382,7 +409,8 @@ def encode_frames(
         for level, feats in enumerate(backbone["backbone_fpn"]):
             stored = storage_dtype(feats.dtype, dtype, precision)
             kinds.append((memory_format(feats), str(feats.dtype).removeprefix("torch."), stored))
-            outs[level].append(feats)
+            held = feats if stored == "float32" else feats.to(getattr(torch, stored))
+            outs[level].append(held if on_device else held.cpu())
     levels = [
         restore_layout(torch.cat(level), kind[0]) if len(level) > 1 else level[0]
         for level, kind in zip(outs, kinds)

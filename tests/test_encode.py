@@ -188,3 +188,29 @@ def test_hf_checkpoint_offline_and_uncached_fails_clearly(decoded, tmp_path):
 def test_random_weights_warning_in_status(encoded):
     proc = segpipe("status", "--store", encoded, check=True)
     assert "random weights" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_features_held_in_memory_track_as_features_read_back(small, tmp_path, dtype):
+    """In `run` a chunk encoded for a pass goes to the tracker from memory (`Encoded.read`),
+    rounded as its stored dtype rounds it on the way to the disk and back; `track` on a
+    store encoded first reads every chunk back from the disk. With a lossy embedding dtype
+    (float32 features stored as bfloat16 or float16) the rounding shows in the scores: both
+    ways give the same masks and scores bit for bit."""
+    from conftest import read_checked, run_in_process, same_values
+
+    import segpipe as api
+
+    held = tmp_path / "held.zarr"
+    run_in_process(small, held, embedding_dtype=dtype, exports=[])
+    staged = tmp_path / "staged.zarr"
+    options = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
+    api.run(small / "clip.mp4", staged, None, embedding_dtype=dtype, **options)  # encode all
+    api.track(staged, small / "prompts.json", progress=False)
+    for name in ("masks", "object_scores", "object_areas"):
+        assert same_values(read_checked(held, name), read_checked(staged, name)), name
+    unrounded = tmp_path / "float32.zarr"  # the premise: the rounding changes the scores
+    run_in_process(small, unrounded, exports=[])
+    assert not same_values(
+        read_checked(held, "object_scores"), read_checked(unrounded, "object_scores")
+    )

@@ -90,13 +90,14 @@ def stored_numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
 
 
-def as_read_back(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """`x` (a level as SAM 2 computed it) as storing it as `dtype` and reading it back gives
-    it (`to_storage`, `from_storage`, then SAM 2's dtype), on its own device: the same casts
-    in the same order. Float32 holds every computed dtype exactly: `x` itself then."""
+def as_read_back(x: torch.Tensor, dtype: str, computed: torch.dtype) -> torch.Tensor:
+    """`x` (a level as held: SAM 2's own where `dtype` is float32, else already cast to
+    `dtype`) as storing it as `dtype` and reading it back gives it (`from_storage`, then
+    SAM 2's dtype `computed`), on its own device: the same casts in the same order. Float32
+    holds every computed dtype exactly: `x` itself then."""
     if dtype == "float32":
         return x
-    return x.to(getattr(torch, dtype)).to(torch.float32).to(x.dtype)
+    return x.to(torch.float32).to(computed)
 
 
 def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:

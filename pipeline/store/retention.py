@@ -93,9 +93,9 @@ def _unlink(path) -> None:
 
 def restored(store: RunStore, what: str, k: int) -> None:
     """Chunk k of `what` was made again (its stage committed it): no longer dropped."""
-    gone = dropped(store, what).done()
-    if k < len(gone) and gone[k]:
-        dropped(store, what).undo(k)
+    ledger = dropped(store, what)
+    if ledger.is_done(k):
+        ledger.undo(k)
 
 
 def sweep(store: RunStore) -> None:

@@ -107,7 +107,9 @@ class ChunkSupply:
             interrupt.check()  # a signal during the write behind: stop before encoding more
         from segpipe.stages.encode import chunk_levels
 
-        encoded = chunk_levels(self.store, self.predictor, k, self.frames_of, self.batch_size)
+        encoded = chunk_levels(
+            self.store, self.predictor, k, self.frames_of, self.batch_size, on_device=True
+        )
         self.held[k] = encoded
         if self.writer is not None:  # --keep all: written behind the tracking
             self.writer.submit(self._write_behind, k, encoded)

@@ -45,11 +45,11 @@ class StoredFeatures(dict):
 
     def _read(self, lo: int, hi: int) -> list[torch.Tensor]:
         """Frames lo..hi (of one chunk) of every level, from memory where held (as a read
-        back gives them, on the device: `Encoded.as_read`)."""
+        back gives them, on the device: `Encoded.read`)."""
         k = self.store.plan.chunk_of(lo)
         held, start = self.held.get(k), self.store.plan.bounds(k)[0]
         if held is not None:
-            return [level[lo - start : hi - start] for level in held.as_read()]
+            return held.read(lo - start, hi - start)
         host = []
         for name, (stored, computed, _) in zip(LEVELS, self.kinds):
             feats = from_storage(self.store.read(name, lo, hi), stored).to(computed)
