@@ -156,7 +156,6 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
     this thread's kept one), so neither includes start-up; one model is resident in each
     peak of accelerator memory."""
     import make_sample
-    import numpy as np
     import torch
     from PIL import Image
 
@@ -216,9 +215,9 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
     if device == "cuda":
         torch.cuda.empty_cache()
     model = official
-    if precision == "float32":  # SAM 2 crashes without its documented cast (tests/oracle.py)
-        from oracle import memory_cast
+    from oracle import add_prompts, memory_cast
 
+    if precision == "float32":  # SAM 2 crashes without its documented cast (tests/oracle.py)
         memory_cast(model)
     peak_reset(device)
     began = time.perf_counter()
@@ -227,18 +226,7 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
         torch.autocast(device, torch.bfloat16, enabled=precision == "bfloat16"),
     ):
         state = model.init_state(video_path=str(jpegs))
-        for p in prompts:
-            if p.mask is not None:
-                model.add_new_mask(state, p.frame, p.object_id, p.mask)
-            else:
-                model.add_new_points_or_box(
-                    state,
-                    p.frame,
-                    p.object_id,
-                    points=None if p.points is None else np.array(p.points, np.float32),
-                    labels=None if p.labels is None else np.array(p.labels, np.int32),
-                    box=None if p.box is None else np.array(p.box, np.float32),
-                )
+        add_prompts(model, state, prompts)
         for _, _, video_res in model.propagate_in_video(state):
             (video_res[:, 0] > 0.0).cpu().numpy()
     seconds = time.perf_counter() - began

@@ -49,6 +49,9 @@ NETWORKS = (
     "obj_ptr_proj",
     "obj_ptr_tpos_proj",
     "mask_downsample",
+    # forward_image calls these two of the mask decoder's convolutions itself
+    "sam_mask_decoder.conv_s0",
+    "sam_mask_decoder.conv_s1",
 )
 
 
@@ -106,7 +109,9 @@ class Timers:
 
     def hook_networks(self, model) -> None:
         for name in NETWORKS:
-            module = getattr(model, name, None)
+            module = model
+            for part in name.split("."):
+                module = getattr(module, part, None)
             if module is None or not hasattr(module, "register_forward_pre_hook"):
                 continue
             label = f"network: {name}"

@@ -169,18 +169,7 @@ def _track(predictor, frames, attrs, prompts, ids, video_dir, precision, directi
             if video_dir is None:
                 state["video_height"], state["video_width"] = H, W  # the original video's size
             assert (state["video_height"], state["video_width"]) == (H, W)
-            for p in prompts:
-                if p.mask is not None:
-                    predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
-                else:
-                    predictor.add_new_points_or_box(
-                        state,
-                        p.frame,
-                        p.object_id,
-                        points=None if p.points is None else np.array(p.points, np.float32),
-                        labels=None if p.labels is None else np.array(p.labels, np.int32),
-                        box=None if p.box is None else np.array(p.box, np.float32),
-                    )
+            add_prompts(predictor, state, prompts)
             m = np.zeros((T, len(ids), H, W), bool)
             tracked = []
             began = time.perf_counter()
@@ -206,6 +195,23 @@ def _track(predictor, frames, attrs, prompts, ids, video_dir, precision, directi
         if len(result) == 2:
             result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
     return Oracle(masks, scores, seconds)
+
+
+def add_prompts(predictor, state: dict, prompts: list) -> None:
+    """Every prompt, in order, through SAM 2's public API (`add_new_mask`,
+    `add_new_points_or_box`)."""
+    for p in prompts:
+        if p.mask is not None:
+            predictor.add_new_mask(state, p.frame, p.object_id, p.mask)
+        else:
+            predictor.add_new_points_or_box(
+                state,
+                p.frame,
+                p.object_id,
+                points=None if p.points is None else np.array(p.points, np.float32),
+                labels=None if p.labels is None else np.array(p.labels, np.int32),
+                box=None if p.box is None else np.array(p.box, np.float32),
+            )
 
 
 def assert_tracked_as_sam2(store_path, oracle: Oracle, direction: str = "both") -> None:
