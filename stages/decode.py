@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from segpipe import log
+from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.fsutil import fsync_path
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
@@ -226,15 +227,15 @@ def _decode_chunks(
     # Decoding stays in this thread; resizing (PIL releases the GIL) runs in a pool and
     # each finished chunk is compressed and written behind, so at most two chunks are held
     # (each frame's digest is taken in the pool too).
-    k, pending, batch, batch_pts, batch_times = resume_chunk, None, [], [], []
+    k, batch, batch_pts, batch_times = resume_chunk, [], [], []
     with (
         log.progress("decode", claimed or None, quiet, initial=start) as bar,
         ThreadPoolExecutor(resize_workers()) as resizer,
-        ThreadPoolExecutor(1) as writer,
+        Behind("segpipe-decode-writes") as writer,
     ):
 
         def flush():
-            nonlocal k, pending, batch, batch_pts, batch_times
+            nonlocal k, batch, batch_pts, batch_times
             try:
                 done = [f.result() for f in batch]
             except Exception as e:  # noqa: BLE001 - sorted by is_damage below
@@ -242,9 +243,7 @@ def _decode_chunks(
                     raise
                 raise DecodeError(f"frame {k * C} onwards cannot be converted ({e})") from None
             chunk, digested = np.stack([f for f, _ in done]), np.stack([d for _, d in done])
-            if pending is not None:
-                pending.result()
-            pending = writer.submit(write, k, chunk, digested, batch_pts, batch_times)
+            writer.submit(write, k, chunk, digested, batch_pts, batch_times)
             k, batch, batch_pts, batch_times = k + 1, [], [], []
 
         try:
@@ -265,8 +264,6 @@ def _decode_chunks(
                     raise error  # out of memory, say: not the end of the video
             if batch and not failed:
                 flush()  # the good frames before the damage: the video ends there
-        if pending is not None:
-            pending.result()
     return broke_off
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from segpipe import log
+from segpipe.behind import Behind
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.model import (
     DEFAULT_MODEL,
@@ -224,32 +225,24 @@ def _encode_chunks(
     """Encode the chunks `todo` in this process, one read ahead and one written behind."""
     T = plan.num_frames
     frames_of = FramesOnDisk(store)
-
-    def read(k):
-        return k, frames_of(k)
-
-    def write(k, encoded):
-        write_features(store, k, encoded)
-
     todo_frames = sum(hi - lo for lo, hi in map(plan.bounds, todo))
     # One chunk read ahead and one written behind while the current one is encoded.
-    with (
-        log.progress("encode", T, quiet, initial=T - todo_frames) as bar,
-        ThreadPoolExecutor(1) as reader,
-        ThreadPoolExecutor(1) as writer,
-    ):
-        next_read = reader.submit(read, todo[0])
-        pending_write = None
-        for i in range(len(todo)):
-            k, chunk_frames = next_read.result()
-            if i + 1 < len(todo):
-                next_read = reader.submit(read, todo[i + 1])
-            encoded = encode_frames(predictor, chunk_frames, batch_size, embedding_dtype, precision)
-            if pending_write is not None:
-                pending_write.result()
-            pending_write = writer.submit(write, k, encoded)
-            bar.update(len(chunk_frames))
-        pending_write.result()
+    try:
+        with (
+            log.progress("encode", T, quiet, initial=T - todo_frames) as bar,
+            Behind("segpipe-features") as writer,
+        ):
+            for i, k in enumerate(todo):
+                chunk_frames = frames_of(k)
+                if i + 1 < len(todo):
+                    frames_of.ahead(todo[i + 1])
+                encoded = encode_frames(
+                    predictor, chunk_frames, batch_size, embedding_dtype, precision
+                )
+                writer.submit(write_features, store, k, encoded)
+                bar.update(len(chunk_frames))
+    finally:
+        frames_of.close()
 
 
 class FramesOnDisk:
@@ -321,9 +314,6 @@ class Encoded:
             as_read_back(t[a:b], kind[2], getattr(torch, kind[1]))
             for t, kind in zip(self.levels, self.kinds)
         ]
-
-    def __len__(self) -> int:
-        return len(self.levels[0])
 
 
 def write_features(store: RunStore, k: int, encoded: Encoded, write: bool = True) -> None:
