@@ -106,6 +106,7 @@ def encode(
     progress: bool = True,
     workers: int | None = None,
     scheduler: str | None = None,
+    allow_env_change: bool = False,
 ) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
 
@@ -121,6 +122,11 @@ def encode(
     `workers=N` encodes on a local Dask cluster of N processes, `scheduler="tcp://..."` on
     the workers of that Dask scheduler (see `segpipe.dask`); the chunks are spread
     over them.
+
+    `allow_env_change`: go on in another compute environment than the store was computed in
+    (device, library versions, CPU thread count or ISA level), which is otherwise refused
+    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
+    run (see `segpipe.environment`).
 
     Example:
         >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
@@ -147,7 +153,9 @@ def encode(
         enabled=space_check,
         quiet=not progress,
     )
-    with connect(workers, scheduler, device, not progress, store, [checkpoint]) as cluster:
+    with connect(
+        workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
+    ) as cluster:
         encode_stage(
             store,
             model=model,
@@ -161,6 +169,7 @@ def encode(
             precision=precision,
             space=space,
             cluster=cluster,
+            allow_env_change=allow_env_change,
         )
     return Run(store)
 
@@ -183,6 +192,7 @@ def track(
     scheduler: str | None = None,
     groups: int | None = None,
     object_batch: int | None = None,
+    allow_env_change: bool = False,
 ) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
@@ -214,13 +224,20 @@ def track(
     `benchmarks/bench_objects.py` measures it); a setting like the others, so changing it
     tracks anew, and the objects run as one group.
 
+    `allow_env_change`: go on in another compute environment than the store was computed in
+    (device, library versions, CPU thread count or ISA level), which is otherwise refused
+    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
+    run (see `segpipe.environment`).
+
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
     """
     from segpipe.dask.client import connect
     from segpipe.stages.track.stage import track as track_stage
 
-    with connect(workers, scheduler, device, not progress, store, [checkpoint]) as cluster:
+    with connect(
+        workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
+    ) as cluster:
         track_stage(
             store,
             prompts,
@@ -237,6 +254,7 @@ def track(
             frames=frames,
             cluster=cluster,
             groups=groups,
+            allow_env_change=allow_env_change,
         )
     return Run(store)
 
@@ -308,6 +326,7 @@ def run(
     scheduler: str | None = None,
     groups: int | None = None,
     object_batch: int | None = None,
+    allow_env_change: bool = False,
 ) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
     with each chunk encoded just before a pass tracks it and exported (`exports`, default
@@ -331,6 +350,11 @@ def run(
     workers of that Dask scheduler; see `segpipe.dask`): decode here, then every chunk
     encoded on the workers, the forward and reverse passes side by side, each chunk
     exported as its masks are final; the same store and exports. Not with `keep="masks"`.
+
+    `allow_env_change`: go on in another compute environment than the store was computed in
+    (device, library versions, CPU thread count or ISA level), which is otherwise refused
+    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
+    run (see `segpipe.environment`).
 
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
@@ -386,7 +410,9 @@ def run(
     space = SpaceGuard(store, stages, "run", later, enabled=space_check, keep=keep, quiet=quiet)
     with (
         store_lock(store),
-        connect(workers, scheduler, device, quiet, store, [video, checkpoint]) as cluster,
+        connect(
+            workers, scheduler, device, quiet, store, [video, checkpoint], allow_env_change
+        ) as cluster,
     ):
         runner.run(
             video,
@@ -409,6 +435,7 @@ def run(
                 embedding_dtype=embedding_dtype,
                 force=force,
                 precision=precision,
+                allow_env_change=allow_env_change,
             ),
             tracking=dict(
                 direction=direction,
@@ -421,23 +448,30 @@ def run(
                 frames=frames,
                 groups=groups,
                 object_batch=object_batch,
+                allow_env_change=allow_env_change,
             ),
         )
     return Run(store)
 
 
 def repair(
-    store, *, checkpoint: str | None = None, device: str = "auto", progress: bool = True
+    store,
+    *,
+    checkpoint: str | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    allow_env_change: bool = False,
 ) -> list:
     """Find damaged chunks (missing files, failed checksums) and recompute exactly those;
-    returns what was found.
+    returns what was found. In the store's compute environment (`allow_env_change`: as
+    `encode`).
 
     Example:
         >>> segpipe.repair("clip.zarr")
     """
     from segpipe.repairs import repair as repair_store
 
-    return repair_store(store, checkpoint, device, quiet=not progress)
+    return repair_store(store, checkpoint, device, not progress, allow_env_change)
 
 
 def dataset(
@@ -464,12 +498,13 @@ def dataset(
     progress: bool = True,
     workers: int | None = None,
     scheduler: str | None = None,
+    allow_env_change: bool = False,
 ) -> list:
     """SAM 2's tools/vos_inference.py over a VOS dataset, with its options and output PNGs,
     one resumable store per video under `work_dir`. Returns one `VideoResult` per video
     (video, frames, objects, seconds, status); a video that fails is reported there
     ("failed: <reason>") and the others go on. `workers` / `scheduler`: the videos side
-    by side on Dask (as `run`), one task per video.
+    by side on Dask (as `run`), one task per video. `allow_env_change`: as `run`'s.
 
     Example:
         >>> results = segpipe.dataset("DAVIS/JPEGImages/480p", "DAVIS/Annotations/480p",
@@ -499,6 +534,7 @@ def dataset(
         batch_size=batch_size,
         embedding_dtype=embedding_dtype,
         precision=precision,
+        allow_env_change=allow_env_change,
     )
     if workers is None and scheduler is None:
         return run_dataset(
@@ -511,7 +547,9 @@ def dataset(
             quiet=not progress,
         )
     paths = [base_video_dir, input_mask_dir, checkpoint]
-    with connect(workers, scheduler, device, not progress, paths=paths) as cluster:
+    with connect(
+        workers, scheduler, device, not progress, paths=paths, allow_env_change=allow_env_change
+    ) as cluster:
         return run_dataset(
             base_video_dir,
             input_mask_dir,
@@ -554,6 +592,7 @@ def studio(
     fps: float | None = None,
     open_page: bool = False,
     progress: bool = True,
+    allow_env_change: bool = False,
 ) -> None:
     """Serve segpipe studio (prompt, review and correct in the browser) over a store, until
     Ctrl-C. `path`: a store, or a video / frame folder, first decoded into `store` (default
@@ -561,7 +600,8 @@ def studio(
     them, the image size by default the one `model`'s weights were trained at). `model`,
     `checkpoint`, `random_weights`: as `encode` takes them, for a store not yet encoded
     (Track encodes the chunks as it tracks them). A `host` other than loopback requires the
-    token the printed URL carries.
+    token the printed URL carries. `allow_env_change`: Track goes on in another compute
+    environment than the store's (as `track`).
 
     Example:
         >>> segpipe.studio("clip.mp4", store="clip.zarr", model="segpipe_tiny")
@@ -589,7 +629,12 @@ def studio(
         path,
         host,
         port,
-        dict(model=model, checkpoint=checkpoint, random_weights=random_weights),
+        dict(
+            model=model,
+            checkpoint=checkpoint,
+            random_weights=random_weights,
+            allow_env_change=allow_env_change,
+        ),
         device,
         open_page,
         source,

@@ -257,6 +257,15 @@ NO_SPACE_CHECK = click.option(
 )
 
 
+ALLOW_ENV_CHANGE = click.option(
+    "--allow-env-change",
+    is_flag=True,
+    help="Go on where the store was computed in another environment (device, torch, CUDA "
+    "or cuDNN version, CPU thread count or ISA level), which is otherwise refused: the "
+    "results are then no longer bit-identical to an uninterrupted run.",
+)
+
+
 def api_options(options: dict) -> dict:
     """A command's click options as the API's keyword arguments, which have the same names
     but for two flags said the other way round: `--quiet` (`progress`) and
@@ -325,6 +334,7 @@ def decode(video, store, **options):
 @dask_options
 @FORCE
 @NO_SPACE_CHECK
+@ALLOW_ENV_CHANGE
 @QUIET
 def encode(store, **options):
     """Compute SAM 2 image embeddings for every decoded frame. First prints the storage
@@ -358,6 +368,7 @@ def encode(store, **options):
 @GROUPS
 @OBJECT_BATCH
 @FORCE_AGAIN
+@ALLOW_ENV_CHANGE
 @QUIET
 def track(store, prompts, **options):
     """Track the prompted objects through the video from the stored embeddings (on Dask
@@ -452,6 +463,7 @@ def export(store, fmt, out, **options):
 @OBJECT_BATCH
 @FORCE
 @NO_SPACE_CHECK
+@ALLOW_ENV_CHANGE
 @QUIET
 def run(video, store, prompts, exports, **options):
     """Run every stage on VIDEO in order, each resuming where it stopped. Before it writes
@@ -606,6 +618,7 @@ def frame(source, at, out, grid, stream):
 @encode_options
 @DEVICE
 @dask_options
+@ALLOW_ENV_CHANGE
 @QUIET
 def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, **options):
     """SAM 2's tools/vos_inference.py over a VOS dataset (DAVIS, YouTube-VOS, MOSE, SA-V
@@ -657,6 +670,7 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, *
 @STORE
 @CHECKPOINT
 @DEVICE
+@ALLOW_ENV_CHANGE
 @QUIET
 def repair(store, **options):
     """Find damaged chunks (missing files, failed checksums) and recompute exactly those.
@@ -686,6 +700,7 @@ def repair(store, **options):
 @click.option("--open", "open_page", is_flag=True, help="Open the page in the default browser.")
 @decode_options
 @studio_model_options
+@ALLOW_ENV_CHANGE
 @DEVICE
 def studio(path, **options):
     """Prompt, review and correct the tracking in the browser, over the store: PATH is a store,

@@ -45,3 +45,9 @@ class StoreLocked(SegpipeError):
 class NotEnoughSpace(SegpipeError):
     """The store's file system has less free space than the command is estimated to need
     (`--no-space-check`, or `space_check=False`, starts it anyway)."""
+
+
+class EnvironmentChanged(StoreMismatch):
+    """The store was computed in another compute environment (device, library versions, CPU
+    thread count or ISA level): its chunks would mix bits from two environments
+    (`--allow-env-change`, or `allow_env_change=True`, continues anyway)."""

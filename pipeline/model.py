@@ -508,6 +508,15 @@ def model_spec(
     }
 
 
+def model_spec_of(store: RunStore) -> dict | None:
+    """The store's model record as `model_spec` makes it (without the compute environment
+    it records beside: `segpipe.environment`), or None before encode."""
+    record = store.attrs.get("model")
+    if record is None:
+        return None
+    return {k: v for k, v in record.items() if not k.startswith("environment")}
+
+
 def check_model(store: RunStore, spec: dict) -> None:
     """Encode and track refuse to mix embeddings of different models in one store."""
     existing = store.attrs.get("model")

@@ -128,7 +128,12 @@ def _scan_pass(store: RunStore, plan: ChunkPlan, track: dict, d: str, found: lis
 
 
 @holds_store_lock
-def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list[Damage]:
+def repair(
+    store_path, checkpoint: str | None, device: str, quiet: bool, allow_env_change: bool = False
+) -> list[Damage]:
+    """Recompute the damaged chunks `scan` finds, in the store's compute environment
+    (checked before anything changes; `allow_env_change`: in another too)."""
+    from segpipe import environment
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track.stage import track, write_untracked
@@ -140,6 +145,10 @@ def repair(store_path, checkpoint: str | None, device: str, quiet: bool) -> list
         return found
     for d in found:
         log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
+    computed = [stage for stage in redo if stage == "encode" or stage.startswith("track")]
+    if computed and "model" in store.attrs:
+        env, where = environment.of_work(device)
+        environment.check(store, env, allow_env_change, quiet, where)
     for stage, chunks in redo.items():
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from segpipe import estimate, space
+from segpipe import environment, estimate, space
 from segpipe.plan import ChunkPlan, Span, passes
 from segpipe.store import lock
 from segpipe.store.ledger import pass_stage
@@ -122,6 +122,11 @@ def _store_warnings(attrs: dict) -> list[str]:
         )
     if attrs.get("decode_warning"):
         warnings.append(attrs["decode_warning"])
+    if environment.mixed(attrs.get("model")):
+        warnings.append(
+            "computed in more than one environment (--allow-env-change): the results are "
+            "not bit-identical to an uninterrupted run"
+        )
     return warnings
 
 
@@ -232,6 +237,12 @@ def _head(report: dict) -> list[str]:
         lines.append(
             f"model    {m['name']}, {m['embedding_dtype']} embeddings, {m['precision']} precision"
         )
+        if m.get("environment"):
+            also = [environment.said(e) for e in m.get("environment_changes", [])]
+            lines.append(
+                f"computed {environment.said(m['environment'])}"
+                + "".join(f"; then (--allow-env-change) {e}" for e in also)
+            )
     if report["objects"]:
         said = [
             f"{o['id']}: " + ", ".join(f"{p['kind']} on frame {p['frame']}" for p in o["prompts"])

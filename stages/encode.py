@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from segpipe import log
+from segpipe import environment, log
 from segpipe.behind import Behind
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.model import (
@@ -111,11 +111,14 @@ def encode(
     chunks: list[int] | None = None,
     space=None,
     cluster=None,
+    allow_env_change: bool = False,
 ) -> RunStore:
     """Encode every decoded chunk not yet encoded (or only `chunks`). Under `--keep masks` a
     chunk's frames are dropped once it is encoded (`write_features`). `space` (an
     `space.SpaceGuard`) is asked before the first write, when there is work to do. With
-    `cluster` (`segpipe.dask.client`), the chunks are encoded on Dask workers (`segpipe.dask.tasks`)."""
+    `cluster` (`segpipe.dask.client`), the chunks are encoded on Dask workers (`segpipe.dask.tasks`).
+    The store is computed in one environment (`segpipe.environment`; `allow_env_change`:
+    in another too)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
     _check_arguments(batch_size, embedding_dtype)
@@ -123,7 +126,10 @@ def encode(
     precision = _choose_precision(store, precision, device, predictor, cluster)
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     plan = ChunkPlan(T, store.attrs["chunk_size"])
-    todo = _start(store, spec, plan, chunks, force, space, embedding_dtype, precision, quiet)
+    env, where = environment.of_work(device, predictor, cluster)
+    todo = _start(store, spec, plan, chunks, force, space, (embedding_dtype, precision), quiet, env)
+    if todo:
+        environment.check(store, env, allow_env_change, quiet, where)
     _warn_about_weights(weights, spec)
     if not todo:
         if chunks is None:
@@ -177,11 +183,12 @@ def _start(
     chunks: list[int] | None,
     force: bool,
     space,
-    embedding_dtype: str,
-    precision: str,
+    dtypes: tuple[str, str],
     quiet: bool,
+    env: dict,
 ) -> list[int]:
-    """Check the model (`force`: start over), ask `space`, record it; the chunks to encode."""
+    """Check the model (`force`: start over), ask `space`, record it (computed in `env`);
+    the chunks to encode."""
     restart = None
     try:
         check_model(store, spec)
@@ -190,13 +197,13 @@ def _start(
             raise
         restart = mismatch
     if space is not None and (restart or store.ledger(STAGE).todo(plan)):
-        space.before_encode(store, embedding_dtype, precision)
+        space.before_encode(store, *dtypes)
     if restart is not None:
         log.info(f"encode: starting over ({restart.message})", quiet)
         reset_from(store, "encode")
     todo = store.ledger(STAGE).todo(plan if chunks is None else chunks)
     if "model" not in store.attrs:
-        store.set_attrs(model=spec)
+        store.set_attrs(model={**spec, "environment": env})
     return todo
 
 

@@ -44,8 +44,8 @@ LAYERS = {
         "segpipe.store.tracking",
         "segpipe.store.source",
     ],
-    # weights to a SAM 2 predictor
-    "model": ["segpipe.model"],
+    # weights to a SAM 2 predictor, and the compute environment it runs in
+    "model": ["segpipe.model", "segpipe.environment"],
     # the four stages: each reads its inputs from the store and writes its outputs to it
     "stages": [
         "segpipe.stages",

@@ -38,10 +38,12 @@ def connect(
     quiet: bool = False,
     store=None,
     paths=(),
+    allow_env_change: bool = False,
 ):
     """A `Cluster` for the command, or None without `workers` and `scheduler`. With `store`,
     this process holds the store's lock for as long (taken here, or already held), and the
-    workers write under it."""
+    workers write under it. Workers that compute in different environments are refused
+    (`Cluster.check_bits`), unless `allow_env_change`."""
     if workers is None and scheduler is None:
         yield None
         return
@@ -69,7 +71,7 @@ def connect(
         client = stack.enter_context(_client(workers, scheduler, threads))
         cluster = Cluster(client, threads, local=workers is not None, own=own)
         cluster.check(device, store, paths)
-        cluster.check_bits()
+        cluster.check_bits(allow_env_change)
         each = f", {log.count(threads, 'torch thread')} each" if cluster.device == "cpu" else ""
         log.info(
             f"dask: {cluster.size} workers ({cluster.device}{each}); "
@@ -234,6 +236,7 @@ class Cluster:
         self.client, self.threads, self.local = client, threads, local
         self.own = threads if own is None else own  # this process's count, as started
         self.device = None  # the workers' device type (checked alike on every worker)
+        self.environment = None  # the workers' compute environment (`check_bits`)
         self.size = 0
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
 
@@ -264,24 +267,25 @@ class Cluster:
         self.device, self.size = devices.pop(), len(seen)
         self.workers = sorted(seen)
 
-    def check_bits(self) -> None:
-        """On CPU workers: each computes SAM 2's image encoder as this process does
-        (`model.thread_probe`, run as a task at the client's thread count), else refuse in
-        one line: its masks would not be those of the single-process run. The workers of a
-        local cluster run at their share of the cores, in processes started with it
-        (`worker_threads`), which this process was not: there they must agree with each
-        other."""
-        if self.device != "cpu":
-            return
+    def check_bits(self, allow_env_change: bool = False) -> None:
+        """Every worker computes in one environment (`environment.current`: device, library
+        versions, on CPU the thread count and ISA level), its `environment` (else refuse in
+        one line, or with `allow_env_change` warn). On CPU workers: each computes SAM 2's
+        image encoder as this process does (`model.thread_probe`, run as a task at the
+        client's thread count), else refuse in one line: its masks would not be those of
+        the single-process run. The workers of a local cluster run at their share of the
+        cores, in processes started with it (`worker_threads`), which this process was not:
+        there they must agree with each other."""
         import uuid
 
         import torch
 
         from segpipe.dask.tasks import probe_task
+        from segpipe.environment import differences
         from segpipe.model import thread_probe
 
         mine = None
-        if not self.local or self.threads == self.own:
+        if self.device == "cpu" and (not self.local or self.threads == self.own):
             before = torch.get_num_threads()
             torch.set_num_threads(self.threads)
             try:
@@ -293,6 +297,7 @@ class Cluster:
             self.client.submit(
                 probe_task,
                 self.threads,
+                self.device,
                 workers=[w],
                 allow_other_workers=False,
                 pure=False,
@@ -300,21 +305,40 @@ class Cluster:
             )
             for n, w in enumerate(workers)
         ]
-        for worker, (digest, environ) in zip(workers, self.client.gather(futures)):
-            started = {environ.get(k) for k in THREAD_VARIABLES}
-            if self.local and started != {str(self.threads)}:
-                raise SegpipeError(
-                    f"Dask worker {worker} started with other thread variables than the "
-                    f"{self.threads} it was given ({_said(environ)}): report this as a bug"
-                )
-            mine = digest if mine is None else mine  # a local cluster's first worker
-            if digest != mine:
+        for worker, (digest, environ, env) in zip(workers, self.client.gather(futures)):
+            if self.device == "cpu":
+                self._check_digest(worker, digest, environ, mine)
+                mine = digest if mine is None else mine  # a local cluster's first worker
+            if self.environment is None:
+                self.environment, first = env, worker
+            changed = differences(self.environment, env, (f"on {first}", f"on {worker}"))
+            if changed and not allow_env_change:
                 raise BadInput(
-                    f"Dask worker {worker} computes other bits than this process at "
-                    f"{self.threads} torch threads (its thread environment: {_said(environ)}"
-                    f"; here: {_thread_environment()}): start the workers with this "
-                    f"process's OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS"
+                    f"the Dask workers compute in different environments ({'; '.join(changed)}): "
+                    f"use workers alike, or pass --allow-env-change"
                 )
+            if changed:
+                log.warn(
+                    f"the Dask workers compute in different environments ({'; '.join(changed)}): "
+                    f"going on as --allow-env-change asks; the results are no longer "
+                    f"bit-identical to an uninterrupted run"
+                )
+
+    def _check_digest(self, worker, digest: str, environ: dict, mine: str | None) -> None:
+        """Refuse a CPU worker whose probe digest is not `mine` (None: the first worker's)."""
+        started = {environ.get(k) for k in THREAD_VARIABLES}
+        if self.local and started != {str(self.threads)}:
+            raise SegpipeError(
+                f"Dask worker {worker} started with other thread variables than the "
+                f"{self.threads} it was given ({_said(environ)}): report this as a bug"
+            )
+        if mine is not None and digest != mine:
+            raise BadInput(
+                f"Dask worker {worker} computes other bits than this process at "
+                f"{self.threads} torch threads (its thread environment: {_said(environ)}"
+                f"; here: {_thread_environment()}): start the workers with this "
+                f"process's OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS"
+            )
 
     def work(self, store, checkpoint: str | None, device: str, batch_size: int = 1):
         """The settings every task on `store` carries (`tasks.Work`)."""

@@ -41,18 +41,21 @@ class Work:
     threads: int  # torch threads (`client.worker_threads`)
 
 
-def probe_task(threads: int) -> tuple[str, dict]:
-    """The worker's `model.thread_probe` at the client's thread count, run as a task (in the
-    thread tasks run in), and its thread environment, for the refusal message."""
+def probe_task(threads: int, device: str) -> tuple[str | None, dict, dict]:
+    """The worker's compute environment on `device` at the client's thread count
+    (`environment.current`), run as a task (in the thread tasks run in); on CPU its
+    `model.thread_probe` too, and its thread environment, for the refusal message."""
     import os
 
     import torch
 
+    from segpipe.environment import current
     from segpipe.model import thread_probe
 
     torch.set_num_threads(threads)
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    return thread_probe(), {k: os.environ.get(k) for k in names}
+    digest = thread_probe() if device == "cpu" else None
+    return digest, {k: os.environ.get(k) for k in names}, current(device)
 
 
 def look_around(

@@ -40,6 +40,7 @@ class Options:
     batch_size: int = 1
     embedding_dtype: str = "float32"
     precision: str | None = None
+    allow_env_change: bool = False  # go on in another compute environment (`environment`)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class VideoRunner:
             quiet=self.quiet,
             predictor=predictor,
             precision=o.precision,
+            allow_env_change=o.allow_env_change,
         )
         return predictor
 
@@ -204,6 +206,7 @@ class VideoRunner:
             score_threshold=o.score_thresh,
             object_start="own" if o.track_object_appearing_later_in_video else "earliest",
             on_commit=exporting.committed,
+            allow_env_change=o.allow_env_change,
         )
 
 

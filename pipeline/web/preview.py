@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import torch
 
-from segpipe.model import autocast, pick_device, pick_precision, resolve_weights
+from segpipe.model import autocast, model_spec_of, pick_device, pick_precision, resolve_weights
 from segpipe.stages.track.stage import _build_predictor, _embeddings_weights
 from segpipe.stages.track.tracker import StoredFeatures, new_state, positional_encodings
 from segpipe.store.retention import has
@@ -31,7 +31,7 @@ class Previewer:
         self._lock = threading.Lock()  # one preview at a time: they share the model
 
     def model(self, store: RunStore):
-        spec = store.attrs.get("model")
+        spec = model_spec_of(store)
         options = preview_options(store, (stored_settings(store) or {}).get("direction", "both"))
         if self.predictor is None or spec != self.built_for or options != self.options:
             built_for = spec

@@ -23,6 +23,7 @@ from segpipe.errors import (
     StoreMismatch,
     StoreNotReady,
 )
+from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
 from segpipe.store.lock import holder, store_lock
 from segpipe.store.runstore import RunStore
@@ -45,10 +46,12 @@ class Studio:
         random_weights: int | None = None,
         device: str = "auto",
         source: dict | None = None,
+        allow_env_change: bool = False,
     ):
         from segpipe.model import DEFAULT_MODEL
 
         self.path, self.checkpoint, self.device = Path(store).resolve(), checkpoint, device
+        self.allow_env_change = allow_env_change  # Track in another compute environment
         # the model a store not yet encoded is encoded with (as `encode` takes it)
         self.model = dict(
             model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
@@ -340,11 +343,18 @@ class Studio:
             self.bump()
 
         if "model" not in self.store().attrs:  # recorded; chunks encoded as tracked
-            encode(self.path, **self.model, device=self.device, quiet=True, chunks=[])
+            encode(
+                self.path,
+                **self.model,
+                device=self.device,
+                quiet=True,
+                chunks=[],
+                allow_env_change=self.allow_env_change,
+            )
         predictor = self.previewer.predictor
         same = (
             predictor is not None
-            and self.previewer.built_for == self.store().attrs.get("model")
+            and self.previewer.built_for == model_spec_of(self.store())
             and self.previewer.options == _options(self)
         )
         try:
@@ -358,6 +368,7 @@ class Studio:
                 predictor=predictor if same else None,
                 on_commit=committed,
                 frames=frames,
+                allow_env_change=self.allow_env_change,
             )
         finally:  # the store's prompts are these now, by this studio's doing
             self.seen = self._tracking_seen(self.store())

@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from segpipe import log
+from segpipe import environment, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.model import (
@@ -148,6 +148,7 @@ def track(
     space=None,
     draft: bool = True,
     groups: int | None = None,
+    allow_env_change: bool = False,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
@@ -171,7 +172,10 @@ def track(
     under non-overlap or `object_batch`), one after another here, side by side on Dask
     workers (None: one here, one per worker there). `object_batch` (None: the store's, else
     1): up to that many objects of a frame through SAM 2's step at once, as its legacy
-    predictor batches them (`stages.track.batch`: not bit for bit SAM 2's predictor)."""
+    predictor batches them (`stages.track.batch`: not bit for bit SAM 2's predictor).
+
+    The store is computed in one environment (`segpipe.environment`; `allow_env_change`:
+    in another too)."""
     if groups is not None and (
         isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
     ):
@@ -196,7 +200,8 @@ def track(
     window = check_window(store, frames, prompts, direction, options)
     settings = tracking_settings(prompts, direction, options, window)
     again = force or stored_settings(store) != settings  # then every chunk is tracked anew
-    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space)
+    env = (*environment.of_work(device, predictor, cluster), allow_env_change)
+    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space, env)
     if not pending:
         sweep(store)
         log.info("track: already complete", quiet)
@@ -327,9 +332,11 @@ def _prepare_passes(
     again: bool,
     quiet: bool,
     space=None,
+    env: tuple[dict, str, bool] | None = None,
 ) -> list[str]:
-    """Check the source is there if needed and the space, `prepare` the tracking; the passes
-    left to run."""
+    """Check the source is there if needed, the space and the environment (`env`: the
+    work's, where that is, and whether another than the store's is allowed), `prepare` the
+    tracking; the passes left to run."""
     span = Span.of(settings, plan.num_frames)
     needed = {
         d: span.chunks(plan, d) if again else store.pass_ledger(d).todo(span.chunks(plan, d))
@@ -341,6 +348,9 @@ def _prepare_passes(
         stored_source(store)  # before anything changes: the source must be there
     if space is not None and any(needed.values()):
         space.before_track(store)
+    if env is not None and any(needed.values()):
+        work, where, allow = env
+        environment.check(store, work, allow, quiet, where)
     prepare(store, prompts, settings, again, quiet)
     return [
         d for d in passes(direction) if store.pass_ledger(d).count() < len(span.chunks(plan, d))
