@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from pathlib import Path
 import click
 
 from segpipe import api, interrupt, log
-from segpipe.errors import SegpipeError
+from segpipe.errors import SegpipeError, os_error_line
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 STORE = click.option(
@@ -802,18 +801,7 @@ def main():
     except (interrupt.Interrupted, KeyboardInterrupt) as e:
         interrupt.stop_now(getattr(e, "signum", 2))
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            click.echo(
-                f"Error: disk full ({e.filename or 'while writing'}): free some space and "
-                f"run the same command again; finished chunks are kept",
-                err=True,
-            )
-        else:
-            click.echo(
-                f"Error: {e.strerror or e} ({e.filename or 'while reading or writing'}); "
-                f"finished chunks are kept: run the same command again",
-                err=True,
-            )
+        click.echo(f"Error: {os_error_line(e)}", err=True)
         sys.exit(1)
     except MemoryError:
         click.echo(

@@ -51,3 +51,26 @@ class EnvironmentChanged(StoreMismatch):
     """The store was computed in another compute environment (device, library versions, CPU
     thread count or ISA level): its chunks would mix bits from two environments
     (`--allow-env-change`, or `allow_env_change=True`, continues anyway)."""
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as the one line the CLI and the studio say: a full disk and a file system
+    segpipe may not write are said as such (running again would fail again); any other
+    error of the system keeps what is done, and running again continues."""
+    import errno
+
+    where = e.filename or "while writing"
+    if e.errno == errno.ENOSPC:
+        return (
+            f"disk full ({where}): free some space and run the same command again; "
+            f"finished chunks are kept"
+        )
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"{e.strerror} ({where}): segpipe cannot write there; give a store on a file "
+            f"system it may write to"
+        )
+    return (
+        f"{e.strerror or e} ({e.filename or 'while reading or writing'}); finished chunks "
+        f"are kept: run the same command again"
+    )

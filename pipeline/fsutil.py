@@ -11,6 +11,17 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from segpipe.errors import BadInput
+
+
+def resolved(path) -> Path:
+    """`path` made absolute with its links followed (`Path.resolve`), or a one-line
+    `BadInput` where they loop (Path.resolve raises RuntimeError there)."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        raise BadInput(f"{path} is a symbolic link loop: it leads nowhere") from None
+
 
 def fsync_path(path: Path) -> None:
     """fsync a file, or a directory tree (files first, then each directory)."""
@@ -51,12 +62,19 @@ def replacing(path: Path, suffix: str = ""):
     """Write `path` so that it exists complete or not at all: the body writes the temp file
     this yields (`.<name>.tmp<suffix>` beside it, `suffix` for writers that go by the
     extension), which is then fsynced and renamed over `path`. Nothing is renamed if the
-    body raises."""
+    body (or the fsync) raises, and the temp file goes: a full disk leaves no half file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{suffix}")
-    yield tmp
-    fsync_path(tmp)
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:  # never made, or a folder (writers that fill one): left as it is
+            pass
+        raise
 
 
 def atomic_write(path: Path, data: bytes) -> None:

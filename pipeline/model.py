@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segpipe.errors import BadInput
+from segpipe.fsutil import resolved
 from segpipe.sources.identity import file_identity
 from segpipe.store.runstore import RunStore
 
@@ -356,7 +357,7 @@ def _fingerprint(weights: Weights) -> tuple:
     # still changes it
     return (
         "file",
-        str(Path(weights.checkpoint).resolve()),
+        str(resolved(weights.checkpoint)),
         stat.st_dev,
         stat.st_ino,
         stat.st_size,

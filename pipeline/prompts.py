@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from segpipe.errors import BadInput
+from segpipe.limits import MAX_OBJECT_ID, MAX_POINTS, MAX_PROMPTS, TooLarge, read_json_file
 
 ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask", "id_mask"}
 
@@ -131,32 +132,30 @@ def load(source, frame_count: int, width: int, height: int) -> list[Prompt]:
         source = [source]
     if not isinstance(source, (list, tuple)) or not source:
         raise BadInput("prompts must be a prompts file path or a non-empty list of prompts")
-    return [
-        p
-        for i, e in enumerate(source)
-        for p in _parse(
-            i, e.as_entry() if isinstance(e, Prompt) else e, Path.cwd(), frame_count, width, height
-        )
-    ]
+    entries = [e.as_entry() if isinstance(e, Prompt) else e for e in source[: MAX_PROMPTS + 1]]
+    return _parsed(entries, Path.cwd(), frame_count, width, height)
 
 
 def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Prompt]:
-    if not path.is_file():
-        raise BadInput(f"prompts file not found: {path}")
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"prompts file {path} is not valid JSON: {e}") from None
+    doc = read_json_file(path, "prompts file")
     if not isinstance(doc, dict) or set(doc) != {"prompts"}:
         raise BadInput(f'prompts file {path} must be an object with the single key "prompts"')
     entries = doc["prompts"]
     if not isinstance(entries, list) or not entries:
         raise BadInput(f"prompts file {path} has an empty prompt list")
-    return [
-        p
-        for i, e in enumerate(entries)
-        for p in _parse(i, e, path.parent, frame_count, width, height)
-    ]
+    return _parsed(entries, path.parent, frame_count, width, height)
+
+
+def _parsed(entries: list, base: Path, frame_count: int, width: int, height: int) -> list:
+    """The entries' prompts (an id mask split into one per id), at most `MAX_PROMPTS`."""
+    prompts = []
+    for i, e in enumerate(entries):
+        if len(prompts) >= MAX_PROMPTS:
+            break
+        prompts += _parse(i, e, base, frame_count, width, height)
+    if len(prompts) > MAX_PROMPTS or len(entries) > MAX_PROMPTS:
+        raise TooLarge(f"more than {MAX_PROMPTS:,} prompts: segpipe takes at most {MAX_PROMPTS:,}")
+    return prompts
 
 
 def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
@@ -174,11 +173,11 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
         return _parse_id_mask(entry, base, frame_count, width, height, fail)
     obj, frame = entry.get("object"), entry.get("frame")
     obj, frame = _plain_int(obj), _plain_int(frame)
-    if not _is_int(obj) or obj < 0:
-        fail(f'"object" must be a non-negative integer id, got {obj!r}')
+    if not _is_int(obj) or not 0 <= obj <= MAX_OBJECT_ID:
+        fail(f'"object" must be an integer id in 0..{MAX_OBJECT_ID}, got {_short(obj)}')
     where = f"prompt #{i} (object {obj})"
     if not _is_int(frame):
-        fail(f'"frame" must be an integer, got {frame!r}')
+        fail(f'"frame" must be an integer, got {_short(frame)}')
     if not 0 <= frame < frame_count:
         fail(f"frame {frame} is out of range: the video has frames 0..{frame_count - 1}")
     if not ({"points", "box", "mask"} & set(entry)):
@@ -191,6 +190,8 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     points = labels = box = mask = None
     if "points" in entry:
         points, labels = _plain(entry["points"]), _plain(entry["labels"])
+        if isinstance(points, list) and len(points) > MAX_POINTS:
+            fail(f"{len(points)} points: a prompt takes at most {MAX_POINTS}")
         if (
             not isinstance(points, list)
             or not points
@@ -202,10 +203,10 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
         if not isinstance(labels, list) or len(labels) != len(points):
             fail(f'"labels" must be a list of {len(points)} labels, one per point')
         if any(not _is_int(v) or v not in (0, 1) for v in labels):
-            fail(f"labels must be 1 (positive) or 0 (negative), got {labels}")
+            fail(f"labels must be 1 (positive) or 0 (negative), got {_short(labels)}")
         for x, y in points:
             if not (0 <= x <= width and 0 <= y <= height):
-                fail(f"point ({x}, {y}) is outside the {width}x{height} frame")
+                fail(f"point ({_short(x)}, {_short(y)}) is outside the {width}x{height} frame")
         points, labels = tuple(tuple(float(c) for c in p) for p in points), tuple(labels)
     if "box" in entry:
         box = _plain(entry["box"])
@@ -213,7 +214,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
             fail('"box" must be [x0, y0, x1, y1]')
         x0, y0, x1, y1 = box
         if not (0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height):
-            fail(f"box {box} is not an ordered box inside the {width}x{height} frame")
+            fail(f"box {_short(box)} is not an ordered box inside the {width}x{height} frame")
         box = tuple(float(c) for c in box)
     if "mask" in entry:
         mask = _load_mask(entry["mask"], base, width, height, fail)
@@ -354,4 +355,20 @@ def _is_int(v) -> bool:
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+    """A finite number a float holds (an integer too large for one is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return bool(np.isfinite(float(v)))
+    except OverflowError:
+        return False
+
+
+def _short(v) -> str:
+    """A value as a message quotes it: its repr, cut to 40 characters."""
+    said = (
+        repr(v)
+        if not isinstance(v, int) or abs(v) < 10**30
+        else f"an integer of {v.bit_length()} bits"
+    )
+    return said if len(said) <= 40 else said[:37] + "..."

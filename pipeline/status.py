@@ -205,15 +205,17 @@ def render(report: dict, verbose: bool = False) -> str:
 
 def _draft(store) -> dict | None:
     """segpipe studio's saved prompts, not tracked yet: the file and how many entries."""
-    import json
-
+    from segpipe.errors import BadInput
+    from segpipe.limits import read_json_file
     from segpipe.store.tracking import DRAFT
 
     path = store.path / DRAFT
+    if not path.exists():
+        return None
     try:
-        entries = json.loads(path.read_text()).get("prompts", [])
-    except (OSError, ValueError, AttributeError):
-        return None if not path.exists() else {"path": str(path), "prompts": None}
+        entries = read_json_file(path, "the saved prompts").get("prompts", [])
+    except (BadInput, AttributeError):
+        return {"path": str(path), "prompts": None}
     return {"path": str(path), "prompts": len(entries)}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from segpipe import log
 from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
-from segpipe.fsutil import fsync_path
+from segpipe.fsutil import fsync_path, resolved
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
 from segpipe.sources.identity import file_identity, same_file
 from segpipe.sources.video import DecodeError, is_damage, probe, video_streams
@@ -78,7 +78,7 @@ def open_or_create_store(
     return RunStore.create(
         store_path,
         {
-            "source": {"path": str(video.resolve()), **file_identity(video)},
+            "source": {"path": str(resolved(video)), **file_identity(video)},
             "video": info.as_attrs(),
             "chunk_size": C,
             "image_size": S,

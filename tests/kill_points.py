@@ -149,6 +149,22 @@ def at_unlink(nth: int, under: str | None = None) -> None:
     os.scandir = _ZarrJsonFirst
 
 
+def slow_job_start(seconds: float) -> None:
+    """A studio job's thread waits `seconds` before its work: the moment between a job's
+    202 and its first step, made long enough for another request to land in it."""
+    import time
+
+    from segpipe.web import session
+
+    run = session.Job._run
+
+    def slow(self, *args):
+        time.sleep(seconds)
+        return run(self, *args)
+
+    session.Job._run = slow
+
+
 def cli(argv: list[str]) -> None:
     from segpipe.cli import main
 

@@ -12,9 +12,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {
-    # what everything uses: errors, files, messages, the chunk plan, the prompts format
+    # what everything uses: errors, limits, files, messages, the chunk plan, the prompts format
     "base": [
         "segpipe.errors",
+        "segpipe.limits",
         "segpipe.fsutil",
         "segpipe.log",
         "segpipe.interrupt",

@@ -23,6 +23,7 @@ from pathlib import Path
 from segpipe import interrupt, log
 from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_task
 from segpipe.errors import BadInput, SegpipeError
+from segpipe.fsutil import resolved
 from segpipe.plan import Span, passes
 from segpipe.store.retention import keep_setting, refuse_on_dask
 
@@ -112,7 +113,7 @@ def absolute(checkpoint: str | None) -> str | None:
     working directory); an hf: name as it is."""
     if checkpoint is None or str(checkpoint).startswith("hf:"):
         return checkpoint
-    return str(Path(checkpoint).resolve())
+    return str(resolved(checkpoint))
 
 
 @contextmanager
@@ -247,10 +248,10 @@ class Cluster:
         from segpipe.dask.tasks import look_around
         from segpipe.store.lock import token
 
-        lease = (str(Path(store).resolve()), token(store)) if store is not None else None
+        lease = (str(resolved(store)), token(store)) if store is not None else None
         # what the client sees (what it does not is the stages' to report, as without Dask)
         wanted = [
-            str(Path(p).resolve())
+            str(resolved(p))
             for p in paths
             if p is not None and not str(p).startswith("hf:") and Path(p).exists()
         ]
@@ -415,7 +416,7 @@ class Cluster:
         plan = store.plan
         store.ledger(STAGE).reserve(max(chunks) + 1)
         size = {k: plan.bounds(k)[1] - plan.bounds(k)[0] for k in chunks}
-        path = str(store.path.resolve())
+        path = str(resolved(store.path))
         with log.progress(
             "encode", plan.num_frames, quiet, initial=plan.num_frames - sum(size.values())
         ) as bar:
@@ -485,7 +486,7 @@ class Cluster:
             for i, (d, g) in enumerate(units)
             if d == "reverse"
         }
-        path = str(store.path.resolve())
+        path = str(resolved(store.path))
 
         def send(i):
             d, g = units[i]
@@ -540,7 +541,7 @@ class Cluster:
         work = self.work(job.store.path, None, "cpu")  # the lease; exports run no model
         return self.submit(
             export_task,
-            str(job.store.path.resolve()),
+            str(resolved(job.store.path)),
             {**request, "out": str(job.out)},
             k,
             work,
@@ -560,8 +561,8 @@ class Cluster:
         self.check(options.device, paths=[out, work_dir])  # where the workers write
         layout = replace(
             layout,
-            base_video_dir=layout.base_video_dir.resolve(),
-            input_mask_dir=layout.input_mask_dir.resolve(),
+            base_video_dir=resolved(layout.base_video_dir),
+            input_mask_dir=resolved(layout.input_mask_dir),
         )
         options = replace(options, checkpoint=absolute(options.checkpoint))
         with log.progress("dataset", total, quiet) as bar:
@@ -571,8 +572,8 @@ class Cluster:
                     layout,
                     v,
                     options,
-                    out.resolve(),
-                    work_dir.resolve(),
+                    resolved(out),
+                    resolved(work_dir),
                     self.threads,
                     key=f"video-{v}",
                 )

@@ -20,6 +20,7 @@ class VideoInfo:
     coded_size: tuple[int, int] | None = None  # (width, height) before the rotation
     start_time: float = 0.0  # seconds: the stream's first time
     duration: float | None = None  # seconds the container records for the video stream
+    container_frames: int | None = None  # the frame count the container records, if any
 
     def as_attrs(self) -> dict:
         return {

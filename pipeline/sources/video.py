@@ -9,6 +9,7 @@ calls it, in decode's resize pool for instance.
 from __future__ import annotations
 
 import itertools
+import stat
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,8 +34,16 @@ def open_video(path: Path, stream_index: int | None = None):
     """The container and its video stream: `stream_index` (the container's stream number),
     or the one FFmpeg ranks best (the default stream)."""
     path = Path(path)
-    if not path.exists():
-        raise BadInput(f"video not found: {path}")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise BadInput(f"video not found: {path}") from None
+    except OSError as e:  # a symbolic link loop, a folder we may not enter
+        raise BadInput(f"video {path} cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would be read for ever
+        raise BadInput(
+            f"{path} is not a regular file: give a video file or a folder of numbered frames"
+        )
     try:
         container = av.open(str(path))
     except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged metadata
@@ -107,6 +116,7 @@ def probe(path: Path, stream_index: int | None = None, fps: float | None = None)
             coded_size=(first.width, first.height),
             start_time=start,
             duration=duration,
+            container_frames=stream.frames or None,
         )
     finally:
         container.close()

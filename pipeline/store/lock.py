@@ -41,13 +41,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from segpipe.errors import StoreLocked
+from segpipe.fsutil import resolved
 
 _held: dict[Path, list] = {}  # lock path -> [fd, depth, owning thread, token], for this process
 _guard = threading.Lock()
 
 
 def lock_path(store: Path) -> Path:
-    store = Path(store).resolve()
+    store = resolved(store)
     return store.with_name(f".{store.name}.lock")
 
 
@@ -72,6 +73,41 @@ def store_lock(store: Path):
             _held[path][1] -= 1
             if _held[path][1] == 0:
                 _release(path, _held.pop(path)[0])
+
+
+class Claim:
+    """The store's lock taken now, in this thread, for work another thread will do: the
+    studio takes it before it answers that a job started (so a second writer is refused
+    then, not when the job gets to it), and the job's thread holds it (`held`) until the
+    work ends; `release` gives back a claim no thread took over."""
+
+    def __init__(self, store: Path):
+        self.path = lock_path(store)
+        with _guard:
+            if self.path in _held:
+                raise StoreLocked(
+                    f"store {store} is in use by another thread of this process "
+                    f"(pid {os.getpid()}); one writer per store"
+                )
+            token = uuid.uuid4().hex
+            _held[self.path] = [_acquire(self.path, store, token), 1, None, token]
+
+    @contextmanager
+    def held(self):
+        """This thread holds the claimed lock (re-entrantly, as `store_lock`) for the
+        block, then releases it."""
+        with _guard:
+            _held[self.path][2] = threading.get_ident()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        with _guard:
+            entry = _held.pop(self.path, None)
+        if entry is not None:
+            _release(self.path, entry[0])
 
 
 # struct flock (Linux): l_type, l_whence, l_start, l_len, l_pid, in native alignment

@@ -25,6 +25,7 @@ from segpipe.fsutil import (
     fsync_path,
     fsync_path_dir,
     remove_tree,
+    resolved,
     tree_bytes,
 )
 from segpipe.plan import ChunkPlan
@@ -284,13 +285,13 @@ class RunStore:
     def trash_of(path) -> Path:
         """Where removals go before they are deleted (`fsutil.remove_tree`): beside the
         store, as its lock file is, so zarr never lists it and the store itself can go."""
-        path = Path(path).resolve()
+        path = resolved(path)
         return path.with_name(f".{path.name}.trash")
 
     @classmethod
     def remove(cls, path) -> None:
         """Remove the whole store at `path` (decode --force), never leaving half a store."""
-        remove_tree(Path(path).resolve(), cls.trash_of(path))
+        remove_tree(resolved(path), cls.trash_of(path))
         empty_trash(cls.trash_of(path))
 
     def delete(self, name: str) -> None:

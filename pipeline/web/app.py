@@ -8,6 +8,7 @@ files are served from the package."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import time
@@ -31,11 +32,14 @@ from segpipe.errors import (
     StoreLocked,
     StoreMismatch,
     StoreNotReady,
+    os_error_line,
 )
+from segpipe.limits import MAX_JSON_BYTES, TooLarge, human, read_json
 from segpipe.web.session import Studio
 
 STATIC = Path(__file__).parent / "static"
-STATUS = {
+STATUS = {  # the first class an error is an instance of
+    TooLarge: 413,
     BadInput: 400,
     StoreNotReady: 409,
     StoreLocked: 409,
@@ -181,6 +185,17 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         status = next((code for cls, code in STATUS.items() if isinstance(e, cls)), 400)
         return JSONResponse({"error": e.message}, status_code=status)
 
+    async def os_error(request: Request, e: OSError):
+        """A full disk is 507, a file system the studio may not write 409, in one line
+        (`errors.os_error_line`); the store is as it was (writes are atomic)."""
+        if e.errno == errno.ENOSPC:
+            status = 507
+        elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            status = 409
+        else:
+            raise e
+        return JSONResponse({"error": os_error_line(e)}, status_code=status)
+
     async def http_error(request: Request, e: HTTPException):
         return JSONResponse({"error": f"{e.detail}: {request.url.path}"}, status_code=e.status_code)
 
@@ -203,7 +218,12 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(
-        routes=routes, exception_handlers={SegpipeError: segpipe_error, HTTPException: http_error}
+        routes=routes,
+        exception_handlers={
+            SegpipeError: segpipe_error,
+            HTTPException: http_error,
+            OSError: os_error,
+        },
     )
     if token is not None:
         app.add_middleware(_TokenCheck, token=token)
@@ -219,19 +239,28 @@ SCHEMAS = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "segpipe studio
 
 
 async def _json(request: Request, empty=None):
-    """The request's JSON body. It must say it is JSON: a page of another site can send a
-    form or text/plain to a loopback address, but not application/json without asking
-    first (a CORS preflight, which the studio never grants)."""
-    body = await request.body()
+    """The request's JSON body (`limits.read_json`: a body over `MAX_JSON_BYTES` is refused
+    with 413 before more of it is read). It must say it is JSON: a page of another site can
+    send a form or text/plain to a loopback address, but not application/json without
+    asking first (a CORS preflight, which the studio never grants)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise BadInput("the body must be JSON, sent as Content-Type: application/json")
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_JSON_BYTES:
+        raise TooLarge(
+            f"the request body is {human(int(size))}: segpipe reads at most {human(MAX_JSON_BYTES)}"
+        )
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_JSON_BYTES:
+            raise TooLarge(
+                f"the request body is over {human(MAX_JSON_BYTES)}: segpipe reads no more"
+            )
     if not body.strip() and empty is not None:
         return empty
-    try:
-        return json.loads(body)
-    except ValueError as e:
-        raise BadInput(f"malformed JSON body: {e}") from None
+    return read_json(bytes(body), "the request body")
 
 
 class _TokenCheck:

@@ -16,6 +16,25 @@ from segpipe import log
 from segpipe.errors import BadInput
 
 
+def reachable(host: str, family: int) -> str:
+    """An address a browser can open for `host`: itself, or for a wildcard (0.0.0.0, ::,
+    every interface) this machine's address on its default route (a UDP socket's, connected
+    without sending anything), else its host name."""
+    try:
+        if not ipaddress.ip_address(host).is_unspecified:
+            return host
+    except ValueError:  # a name
+        return host
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1", 9))
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+    finally:
+        probe.close()
+
+
 def loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -56,7 +75,8 @@ class StudioServer:
             raise BadInput(f"cannot listen on {host}:{port}: {e.strerror}") from None
         self.studio.begin()  # a store not yet decoded: decoding, now that the URL will answer
         bound = self.socket.getsockname()[1]
-        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        shown = reachable(host, family)
+        shown = f"[{shown}]" if ":" in shown else shown
         self.url = f"http://{shown}:{bound}/" + (f"?token={self.token}" if self.token else "")
         config = uvicorn.Config(
             make_app(self.studio, self.token, lambda: self.server.should_exit),

@@ -4,6 +4,7 @@ background, which runs exactly what `segpipe track --prompts` runs."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -22,10 +23,12 @@ from segpipe.errors import (
     StoreLocked,
     StoreMismatch,
     StoreNotReady,
+    os_error_line,
 )
+from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
-from segpipe.store.lock import holder, store_lock
+from segpipe.store.lock import Claim, holder, store_lock
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import DRAFT, draft_prompts, next_prompts, save_draft, stored_settings
 
@@ -50,7 +53,7 @@ class Studio:
     ):
         from segpipe.model import DEFAULT_MODEL
 
-        self.path, self.checkpoint, self.device = Path(store).resolve(), checkpoint, device
+        self.path, self.checkpoint, self.device = resolved(store), checkpoint, device
         self.allow_env_change = allow_env_change  # Track in another compute environment
         # the model a store not yet encoded is encoded with (as `encode` takes it)
         self.model = dict(
@@ -131,6 +134,12 @@ class Studio:
     @property
     def read_only(self) -> str | None:
         """Why the studio cannot write now (another process holds the store), else None."""
+        places = [self.path.parent] + ([self.path] if self.path.exists() else [])
+        if not all(os.access(p, os.W_OK) for p in places):
+            return (
+                f"store {self.path} cannot be written here (a read-only file system, or "
+                f"not this user's): the studio is read-only"
+            )
         writer = holder(self.path)
         if writer is None or writer.get("pid") == os.getpid():
             return None  # free, or held by this studio (its job, or a save of its prompts)
@@ -327,9 +336,16 @@ class Studio:
             frames = tuple(frames)
             check_window(store, frames, prompts, direction, pick_options(store, direction))
         with self._starting:
-            self._free()
+            claim = self._claim()
+            if self.sync():  # another studio saved prompts since: they are the page's now
+                claim.release()
+                raise StoreMismatch(
+                    "another studio changed the store's prompts: the page shows them now; "
+                    "press Track again to track these"
+                )
             self.direction = direction
-            self.job.start(self, "track", lambda job: self._track(job, prompts, direction, frames))
+            work = lambda job: self._track(job, prompts, direction, frames)  # noqa: E731
+            self.job.start(self, "track", work, claim)
 
     def _track(self, job: "Job", prompts: list, direction: str, frames) -> str:
         from segpipe.stages.encode import encode
@@ -395,14 +411,16 @@ class Studio:
             return f"exported {fmt} to {out}"
 
         with self._starting:
-            self._free()
-            self.job.start(self, f"export {fmt}", work)
+            self.job.start(self, f"export {fmt}", work, self._claim())
 
-    def _free(self) -> None:
-        """Refuse new work while a job runs or another process writes the store."""
+    def _claim(self) -> Claim:
+        """The store's lock for a job, taken before the request is answered (a second
+        writer, another studio's Track say, is refused now: 409); refused while a job runs
+        or another process writes the store."""
         if self.job.running():
             raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
         self._writable()
+        return Claim(self.path)
 
     def cancel(self) -> None:
         """As one Ctrl-C: the chunk in flight finishes, the next Track resumes."""
@@ -439,26 +457,36 @@ class Job:
         be telling the tabs), a new job waits."""
         return self.state == "running"
 
-    def start(self, studio: Studio, kind: str, work) -> None:
-        """Run `work(job)` (it returns the message said when it is done) in a thread."""
+    def start(self, studio: Studio, kind: str, work, claim: Claim | None = None) -> None:
+        """Run `work(job)` (it returns the message said when it is done) in a thread, which
+        holds `claim` (the store's lock, taken by the caller) until it ends."""
         self.kind, self.state, self.message = kind, "running", ""
         self.done = self.total = self.new = 0
         self.runs += 1
         self.began = time.monotonic()
         with self._stop:
             interrupt.clear()  # no Cancel of an earlier job stops this one
-        self.thread = threading.Thread(target=self._run, args=(studio, work), daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self._run, args=(studio, work, claim), daemon=True)
+        try:
+            self.thread.start()
+        except BaseException:
+            self.state = "failed"
+            if claim is not None:
+                claim.release()
+            raise
 
-    def _run(self, studio: Studio, work) -> None:
+    def _run(self, studio: Studio, work, claim: Claim | None) -> None:
         state, message = "failed", ""
         try:
-            message = work(self)
+            with claim.held() if claim is not None else contextlib.nullcontext():
+                message = work(self)
             state = "done"
         except interrupt.Interrupted:
             state, message = "cancelled", f"{self.kind} cancelled: start it again to continue"
         except SegpipeError as e:
             message = e.message
+        except OSError as e:  # a full disk, say: as the CLI says it
+            message = os_error_line(e)
         except Exception as e:  # noqa: BLE001 - said on the page, in one line
             message = f"{type(e).__name__}: {e}"
         finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from segpipe import log
 from segpipe.errors import BadInput, StoreMismatch
+from segpipe.fsutil import resolved
 from segpipe.plan import ChunkPlan
 from segpipe.sources.identity import same_file
 from segpipe.stages.export.writers import WRITERS, Job, remove_parts
@@ -117,7 +118,7 @@ class Export:
         self.range = a, b = parse_frames(frames, T)
         self.slots = parse_objects(objects, all_ids)
         ids = [all_ids[s] for s in self.slots]
-        self.out = out = Path(out).resolve()
+        self.out = out = resolved(out)
         self.source = source = Path(store.attrs["source"]["path"])
         names = _frame_names(store, source)
         palette = None if palette is None else [int(v) for v in palette]
