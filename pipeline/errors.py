@@ -4,10 +4,17 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that would break or hide a line (a newline in a file's
+    name, say) written as its escape, so that a message quoting it stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class SegpipeError(Exception):
-    """Every error segpipe raises on purpose."""
+    """Every error segpipe raises on purpose: its `message` is one line (`one_line`)."""
 
     def __init__(self, message: str):
+        message = one_line(message)
         super().__init__(message)
         self.message = message
 
@@ -59,7 +66,7 @@ def os_error_line(e: OSError) -> str:
     error of the system keeps what is done, and running again continues."""
     import errno
 
-    where = e.filename or "while writing"
+    where = one_line(str(e.filename)) if e.filename else "while writing"
     if e.errno == errno.ENOSPC:
         return (
             f"disk full ({where}): free some space and run the same command again; "
@@ -70,7 +77,7 @@ def os_error_line(e: OSError) -> str:
             f"{e.strerror} ({where}): segpipe cannot write there; give a store on a file "
             f"system it may write to"
         )
-    return (
+    return one_line(
         f"{e.strerror or e} ({e.filename or 'while reading or writing'}); finished chunks "
         f"are kept: run the same command again"
     )

@@ -179,7 +179,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     if not _is_int(frame):
         fail(f'"frame" must be an integer, got {_short(frame)}')
     if not 0 <= frame < frame_count:
-        fail(f"frame {frame} is out of range: the video has frames 0..{frame_count - 1}")
+        fail(f"frame {_short(frame)} is out of range: the video has frames 0..{frame_count - 1}")
     if not ({"points", "box", "mask"} & set(entry)):
         fail('needs "points" (with "labels"), "box" or "mask"')
     if "mask" in entry and ({"points", "labels", "box"} & set(entry)):
@@ -226,7 +226,7 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
         fail('an "id_mask" entry holds only "frame" and "id_mask" (its ids are the objects)')
     frame = _plain_int(entry["frame"])
     if not _is_int(frame) or not 0 <= frame < frame_count:
-        fail(f"frame {frame!r} is out of range: the video has frames 0..{frame_count - 1}")
+        fail(f"frame {_short(frame)} is out of range: the video has frames 0..{frame_count - 1}")
     name = entry["id_mask"]
 
     def read(source, shown):

@@ -233,31 +233,35 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
 
 
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+DRAINED = 16 * MAX_JSON_BYTES  # a body past the limit is read (and dropped) up to this
 
 
 SCHEMAS = SchemaGenerator({"openapi": "3.0.0", "info": {"title": "segpipe studio", "version": "1"}})
 
 
 async def _json(request: Request, empty=None):
-    """The request's JSON body (`limits.read_json`: a body over `MAX_JSON_BYTES` is refused
-    with 413 before more of it is read). It must say it is JSON: a page of another site can
+    """The request's JSON body (`limits.read_json`): a body over `MAX_JSON_BYTES` is refused
+    with 413, the rest of it read and dropped (up to `DRAINED`, so that a client still
+    sending it gets the answer), never held. It must say it is JSON: a page of another site can
     send a form or text/plain to a loopback address, but not application/json without
     asking first (a CORS preflight, which the studio never grants)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise BadInput("the body must be JSON, sent as Content-Type: application/json")
     size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) > MAX_JSON_BYTES:
-        raise TooLarge(
-            f"the request body is {human(int(size))}: segpipe reads at most {human(MAX_JSON_BYTES)}"
-        )
-    body = bytearray()
+    said = f"the request body is {human(int(size))}" if size.isdigit() else None
+    body, seen = bytearray(), 0
     async for part in request.stream():
-        body += part
-        if len(body) > MAX_JSON_BYTES:
-            raise TooLarge(
-                f"the request body is over {human(MAX_JSON_BYTES)}: segpipe reads no more"
-            )
+        seen += len(part)
+        if seen <= MAX_JSON_BYTES:
+            body += part
+        elif seen > DRAINED:  # no answer then: the connection is closed
+            break
+        else:  # read on and dropped, so that the client, still sending, gets the answer
+            body = None
+    if body is None or (said and int(size) > MAX_JSON_BYTES):
+        said = said or f"the request body is over {human(MAX_JSON_BYTES)}"
+        raise TooLarge(f"{said}: segpipe reads at most {human(MAX_JSON_BYTES)}")
     if not body.strip() and empty is not None:
         return empty
     return read_json(bytes(body), "the request body")
