@@ -13,6 +13,7 @@ is no longer bit-identical to an uninterrupted run (`segpipe status` says so too
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from segpipe import log
@@ -88,32 +89,45 @@ def said(env: dict) -> str:
     return f"{env['device']}, torch {env['torch']}"
 
 
-def check(store, now: dict, allow: bool = False, quiet: bool = False, where: str = "here") -> None:
-    """Before computing into `store` (whose model record exists) in environment `now`
-    (`where`: "here", or on the Dask workers): record it if the store has none yet; refuse
-    another one (`EnvironmentChanged`), or with `allow` warn and record it among the
-    changes."""
+@dataclass(frozen=True)
+class Work:
+    """Where a stage's work computes: its environment `env`, the `place` a message names
+    ("here", "on the Dask workers"), and `others`, further environments of Dask workers
+    that differ from the first (allowed by `--allow-env-change` when the cluster started)."""
+
+    env: dict
+    place: str = "here"
+    others: tuple = ()
+
+
+def check(store, work: Work, allow: bool = False, quiet: bool = False, record: bool = True):
+    """Before computing into `store` (whose model record exists) as `work` does: a store
+    recorded in another environment is refused (`EnvironmentChanged`), or with `allow` said
+    and recorded among its changes (with `work.others`); an environment it has been computed
+    in before passes. A store that has no record yet (made before segpipe recorded one)
+    takes this one, marked as recorded late. `record` False: check only, write nothing."""
     model = store.attrs["model"]
-    recorded = model.get("environment")
+    recorded, changes = model.get("environment"), model.get("environment_changes", [])
     if recorded is None:
-        store.set_attrs(model={**model, "environment": now})
+        if record:
+            store.set_attrs(model={**model, "environment": work.env, "environment_late": True})
         return
-    changed = differences(recorded, now, ("in the store", where))
-    if not changed or now in model.get("environment_changes", []):
+    new = [e for e in (work.env, *work.others) if e != recorded and e not in changes]
+    if not new:
         return
+    changed = differences(recorded, new[0], ("in the store", work.place))
     if not allow:
         raise EnvironmentChanged(
             f"store {store.path} was computed in another environment ({'; '.join(changed)}): "
             f"going on here would mix bits from both, equal to no uninterrupted run; run it "
             f"where it was made, or pass --allow-env-change"
         )
-    log.warn(
-        f"the environment changed ({'; '.join(changed)}): going on as --allow-env-change "
-        f"asks; the results are no longer bit-identical to an uninterrupted run"
-    )
-    store.set_attrs(
-        model={**model, "environment_changes": [*model.get("environment_changes", []), now]}
-    )
+    if record:
+        log.warn(
+            f"the environment changed ({'; '.join(changed)}): going on as --allow-env-change "
+            f"asks; the results are no longer bit-identical to an uninterrupted run"
+        )
+        store.set_attrs(model={**model, "environment_changes": [*changes, *new]})
 
 
 def mixed(model: dict | None) -> bool:
@@ -121,14 +135,14 @@ def mixed(model: dict | None) -> bool:
     return bool((model or {}).get("environment_changes"))
 
 
-def of_work(device: str, predictor=None, cluster=None) -> tuple[dict, str]:
-    """The environment a stage's work runs in, and where that is (as `check` takes them):
-    the Dask workers' (`cluster.environment`), else that of the predictor given, else of
-    `device` here."""
+def of_work(device: str, predictor=None, cluster=None) -> Work:
+    """Where a stage's work computes: on the Dask workers (`cluster.environments`), else on
+    the predictor's device, else on `device`, here."""
     if cluster is not None:
-        return cluster.environment, "on the Dask workers"
+        first, *others = cluster.environments
+        return Work(first, "on the Dask workers", tuple(others))
     if predictor is not None:
-        return current(str(predictor.device)), "here"
+        return Work(current(str(predictor.device)))
     from segpipe.model import pick_device
 
-    return current(pick_device(device)), "here"
+    return Work(current(pick_device(device)))

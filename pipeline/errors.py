@@ -66,17 +66,19 @@ def os_error_line(e: OSError) -> str:
     error of the system keeps what is done, and running again continues."""
     import errno
 
-    where = one_line(str(e.filename)) if e.filename else "while writing"
+    where = one_line(str(e.filename)) if e.filename else "while reading or writing"
     if e.errno == errno.ENOSPC:
         return (
             f"disk full ({where}): free some space and run the same command again; "
             f"finished chunks are kept"
         )
-    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    if e.errno == errno.EROFS:
         return (
             f"{e.strerror} ({where}): segpipe cannot write there; give a store on a file "
             f"system it may write to"
         )
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return f"{e.strerror} ({where}): this user may not use that path"
     return one_line(
         f"{e.strerror or e} ({e.filename or 'while reading or writing'}); finished chunks "
         f"are kept: run the same command again"

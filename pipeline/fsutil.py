@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,29 @@ def resolved(path) -> Path:
         return Path(path).resolve()
     except RuntimeError:
         raise BadInput(f"{path} is a symbolic link loop: it leads nowhere") from None
+
+
+def regular_file(path: Path, what: str, give: str, fail=None) -> os.stat_result:
+    """`path`'s stat, where it is a regular file; else a one-line `BadInput` (by `fail`,
+    where given) naming `what` it is instead: not there, a folder, or not a regular file (a
+    FIFO or a device, which would be read for ever), or unreadable (a symbolic link loop).
+    `give` says what to give instead ("a JSON file")."""
+
+    def refuse(message):
+        if fail is not None:
+            fail(message)
+        raise BadInput(message)
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        refuse(f"{what} not found: {path}")
+    except OSError as e:
+        refuse(f"{what} {path} cannot be read: {e.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        refuse(f"{what} {path} is {kind}: give {give}")
+    return st
 
 
 def fsync_path(path: Path) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segpipe.errors import BadInput
-from segpipe.fsutil import resolved
+from segpipe.fsutil import regular_file, resolved
 from segpipe.sources.identity import file_identity
 from segpipe.store.runstore import RunStore
 
@@ -118,8 +118,7 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
     if checkpoint.startswith("hf:"):
         return Weights(checkpoint=_hf_checkpoint(checkpoint[3:]))
     path = Path(checkpoint)
-    if not path.is_file():
-        raise BadInput(f"checkpoint not found: {path}")
+    regular_file(path, "checkpoint", "a SAM 2 checkpoint file (.pt)")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive: checked without torch
         raise BadInput(
             f"{path} is not a PyTorch checkpoint (not the zip archive torch.save "

@@ -27,7 +27,15 @@ import numpy as np
 from PIL import Image
 
 from segpipe.errors import BadInput
-from segpipe.limits import MAX_OBJECT_ID, MAX_POINTS, MAX_PROMPTS, TooLarge, read_json_file
+from segpipe.fsutil import regular_file
+from segpipe.limits import (
+    MAX_MASK_PIXELS,
+    MAX_OBJECT_ID,
+    MAX_POINTS,
+    MAX_PROMPTS,
+    TooLarge,
+    read_json_file,
+)
 
 ENTRY_KEYS = {"object", "frame", "points", "labels", "box", "mask", "id_mask"}
 
@@ -147,18 +155,41 @@ def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Pr
 
 
 def _parsed(entries: list, base: Path, frame_count: int, width: int, height: int) -> list:
-    """The entries' prompts (an id mask split into one per id), at most `MAX_PROMPTS`."""
-    prompts = []
-    for i, e in enumerate(entries):
-        if len(prompts) >= MAX_PROMPTS:
-            break
-        prompts += _parse(i, e, base, frame_count, width, height)
-    if len(prompts) > MAX_PROMPTS or len(entries) > MAX_PROMPTS:
-        raise TooLarge(f"more than {MAX_PROMPTS:,} prompts: segpipe takes at most {MAX_PROMPTS:,}")
-    return prompts
+    """The entries' prompts (an id mask split into one per id), within `Budget`."""
+    if len(entries) > MAX_PROMPTS:
+        raise TooLarge(f"{len(entries):,} prompts: segpipe takes at most {MAX_PROMPTS:,}")
+    budget = Budget(width * height)
+    return [
+        p
+        for i, e in enumerate(entries)
+        for p in _parse(i, e, base, frame_count, width, height, budget)
+    ]
 
 
-def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
+class Budget:
+    """What the prompts may hold, taken as they are parsed, before each is made: at most
+    `MAX_PROMPTS` prompts (an id mask's ids each count) and `MAX_MASK_PIXELS` pixels of
+    masks in all (each mask is a frame-sized array in memory)."""
+
+    def __init__(self, frame_pixels: int):
+        self.frame_pixels, self.prompts, self.pixels = frame_pixels, 0, 0
+
+    def take(self, prompts: int, masks: int = 0) -> None:
+        self.prompts += prompts
+        self.pixels += masks * self.frame_pixels
+        if self.prompts > MAX_PROMPTS:
+            raise TooLarge(
+                f"more than {MAX_PROMPTS:,} prompts: segpipe takes at most {MAX_PROMPTS:,}"
+            )
+        if self.pixels > MAX_MASK_PIXELS:
+            raise TooLarge(
+                f"the mask prompts hold over {MAX_MASK_PIXELS:,} pixels in all "
+                f"({self.pixels // self.frame_pixels:,} frame-sized masks): segpipe holds at "
+                f"most {MAX_MASK_PIXELS // self.frame_pixels:,} masks of this video's size"
+            )
+
+
+def _parse(i, entry, base: Path, frame_count, width, height, budget: Budget) -> list[Prompt]:
     where = f"prompt #{i}"
 
     def fail(message):
@@ -170,7 +201,7 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
     if unknown:
         fail(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS))})")
     if "id_mask" in entry:
-        return _parse_id_mask(entry, base, frame_count, width, height, fail)
+        return _parse_id_mask(entry, base, frame_count, width, height, budget, fail)
     obj, frame = entry.get("object"), entry.get("frame")
     obj, frame = _plain_int(obj), _plain_int(frame)
     if not _is_int(obj) or not 0 <= obj <= MAX_OBJECT_ID:
@@ -217,11 +248,14 @@ def _parse(i, entry, base: Path, frame_count, width, height) -> list[Prompt]:
             fail(f"box {_short(box)} is not an ordered box inside the {width}x{height} frame")
         box = tuple(float(c) for c in box)
     if "mask" in entry:
+        budget.take(0, 1)
         mask = _load_mask(entry["mask"], base, width, height, fail)
     return [Prompt(obj, frame, points, labels, box, mask)]
 
 
-def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[Prompt]:
+def _parse_id_mask(
+    entry, base: Path, frame_count, width, height, budget: Budget, fail
+) -> list[Prompt]:
     if set(entry) != {"frame", "id_mask"}:
         fail('an "id_mask" entry holds only "frame" and "id_mask" (its ids are the objects)')
     frame = _plain_int(entry["frame"])
@@ -245,10 +279,9 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     elif isinstance(name, str) and name.startswith(DATA_URI):
         data = io.BytesIO(_base64(name[len(DATA_URI) :], fail))
         ids, name = read(data, "(inline data)"), "(inline data)"
-    elif isinstance(name, str) and (base / name).is_file():
-        ids = read(base / name, base / name)
     elif isinstance(name, str):
-        fail(f"id_mask file not found: {base / name}")
+        regular_file(base / name, "id_mask file", "a PNG", fail)
+        ids = read(base / name, base / name)
     else:
         fail('"id_mask" must be a PNG path (relative to the prompts file) or an (H, W) array')
     if ids.ndim != 2:
@@ -258,6 +291,7 @@ def _parse_id_mask(entry, base: Path, frame_count, width, height, fail) -> list[
     objects = [int(v) for v in np.unique(ids) if v > 0]
     if not objects:
         fail(f"id_mask {name} holds no object (every pixel is 0)")
+    budget.take(len(objects), len(objects))  # before a mask is made
     return [Prompt(obj, frame, mask=ids == obj) for obj in objects]
 
 
@@ -308,15 +342,16 @@ def _load_mask(name, base: Path, width, height, fail) -> np.ndarray:
         path, source = "(inline data)", io.BytesIO(_base64(name[len(DATA_URI) :], fail))
     else:
         path = source = base / name
-        if not path.is_file():
-            fail(f"mask file not found: {path}")
+        regular_file(path, "mask file", "a PNG", fail)
     try:
         with Image.open(source) as img:
+            if img.size != (width, height):  # said from its header, before it is decoded
+                fail(f"mask {path} is {img.width}x{img.height}, the video is {width}x{height}")
             mask = np.asarray(img.convert("L")) > 0
+    except BadInput:
+        raise
     except Exception as e:  # noqa: BLE001 - PIL raises many kinds
         fail(f"mask {path} is not a readable image ({type(e).__name__})")
-    if mask.shape != (height, width):
-        fail(f"mask {path} is {mask.shape[1]}x{mask.shape[0]}, the video is {width}x{height}")
     return mask
 
 
@@ -366,9 +401,10 @@ def _is_num(v) -> bool:
 
 def _short(v) -> str:
     """A value as a message quotes it: its repr, cut to 40 characters."""
-    said = (
-        repr(v)
-        if not isinstance(v, int) or abs(v) < 10**30
-        else f"an integer of {v.bit_length()} bits"
-    )
+    if isinstance(v, int) and abs(v) >= 10**30:
+        return f"an integer of {v.bit_length()} bits"
+    try:
+        said = repr(v)
+    except ValueError:  # an integer inside with more digits than Python writes out
+        return "a value too long to show"
     return said if len(said) <= 40 else said[:37] + "..."

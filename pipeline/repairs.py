@@ -147,8 +147,7 @@ def repair(
         log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
     computed = [stage for stage in redo if stage == "encode" or stage.startswith("track")]
     if computed and "model" in store.attrs:
-        env, where = environment.of_work(device)
-        environment.check(store, env, allow_env_change, quiet, where)
+        environment.check(store, environment.of_work(device), allow_env_change, quiet)
     for stage, chunks in redo.items():
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)

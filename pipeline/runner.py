@@ -94,11 +94,18 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> 
     """The prompts read and checked against the source before anything is written: points,
     boxes and masks against the frame size, object ids against the exports (DAVIS PNGs hold
     ids 1..255), frames against the frame count known before decoding: a frame folder's,
-    or the count a video's container records, where it records one (a frame past it is
-    refused before an hour of decoding). The container's count is its claim, so `run`
-    checks the frames again once the video is decoded, before anything is encoded."""
+    or the count a video's container records, where it records one (a frame past it, and
+    past what its duration claims, is refused before an hour of decoding). The container's
+    count is its claim, so `run` checks the frames again once the video is decoded, before
+    anything is encoded."""
     info = probe(Path(video), stream, fps)
-    known = info.claimed_frames if info.kind == "frames" else info.container_frames or 1 << 62
+    known = (
+        info.claimed_frames
+        if info.kind == "frames"
+        else max(info.container_frames, info.claimed_frames)  # the container's two claims
+        if info.container_frames
+        else 1 << 62
+    )
     loaded = prompt_file.load(prompts, known, info.width, info.height)
     ids = prompt_file.object_ids(loaded)
     if "davis" in exports and any(not 1 <= i <= 255 for i in ids):

@@ -241,8 +241,10 @@ def _head(report: dict) -> list[str]:
         )
         if m.get("environment"):
             also = [environment.said(e) for e in m.get("environment_changes", [])]
+            late = " (recorded on a resume: the chunks before it, unknown)"
             lines.append(
                 f"computed {environment.said(m['environment'])}"
+                + (late if m.get("environment_late") else "")
                 + "".join(f"; then (--allow-env-change) {e}" for e in also)
             )
     if report["objects"]:

@@ -126,10 +126,12 @@ def encode(
     precision = _choose_precision(store, precision, device, predictor, cluster)
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     plan = ChunkPlan(T, store.attrs["chunk_size"])
-    env, where = environment.of_work(device, predictor, cluster)
-    todo = _start(store, spec, plan, chunks, force, space, (embedding_dtype, precision), quiet, env)
+    work = environment.of_work(device, predictor, cluster)
+    todo = _start(
+        store, spec, plan, chunks, force, space, (embedding_dtype, precision), quiet, work
+    )
     if todo:
-        environment.check(store, env, allow_env_change, quiet, where)
+        environment.check(store, work, allow_env_change, quiet)
     _warn_about_weights(weights, spec)
     if not todo:
         if chunks is None:
@@ -185,10 +187,10 @@ def _start(
     space,
     dtypes: tuple[str, str],
     quiet: bool,
-    env: dict,
+    work: environment.Work,
 ) -> list[int]:
-    """Check the model (`force`: start over), ask `space`, record it (computed in `env`);
-    the chunks to encode."""
+    """Check the model (`force`: start over), ask `space`, record it (computed as `work`
+    computes); the chunks to encode."""
     restart = None
     try:
         check_model(store, spec)
@@ -203,7 +205,10 @@ def _start(
         reset_from(store, "encode")
     todo = store.ledger(STAGE).todo(plan if chunks is None else chunks)
     if "model" not in store.attrs:
-        store.set_attrs(model={**spec, "environment": env})
+        record = {**spec, "environment": work.env}
+        if work.others:  # Dask workers allowed to differ from the first
+            record["environment_changes"] = list(work.others)
+        store.set_attrs(model=record)
     return todo
 
 

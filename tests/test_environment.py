@@ -77,7 +77,8 @@ def test_a_resume_at_another_thread_count_is_refused_then_allowed(small, tmp_pat
 def test_the_environment_check_on_a_real_store(small, tmp_path):
     """`environment.check` against a store's record: the first computation records it, the
     same one passes, another (a GPU's name, a CUDA version) is refused naming each
-    difference, and allowed it is recorded once among the changes, then accepted."""
+    difference, and allowed it is recorded once among the changes, then accepted; a store
+    made before segpipe recorded one takes the first it sees, marked as recorded late."""
     import segpipe as api
     from segpipe import environment
     from segpipe.errors import EnvironmentChanged, StoreMismatch
@@ -86,23 +87,83 @@ def test_the_environment_check_on_a_real_store(small, tmp_path):
     store = tmp_path / "s.zarr"
     api.decode(small / "clip.mp4", store, chunk_size=4, image_size=64, progress=False)
     api.encode(store, random_weights=0, progress=False)
-    here = environment.current("cpu")
+    here = environment.Work(environment.current("cpu"))
     opened = RunStore.open(store)
-    assert opened.attrs["model"]["environment"] == here
+    assert opened.attrs["model"]["environment"] == here.env
     environment.check(opened, here)  # the same: nothing said, nothing written
 
-    gpu = {"device": "cuda", "torch": here["torch"], "name": "NVIDIA H200", "cuda": "13.0"}
+    gpu = {"device": "cuda", "torch": here.env["torch"], "name": "NVIDIA H200", "cuda": "13.0"}
     gpu["cudnn"] = 91000
     with pytest.raises(EnvironmentChanged) as refused:
-        environment.check(opened, gpu)
+        environment.check(opened, environment.Work(gpu))
     assert isinstance(refused.value, StoreMismatch)  # the CLI's one line, the studio's 409
     for said in ("device cpu in the store, cuda here", "device name", "CUDA none in the store"):
         assert said in refused.value.message, refused.value.message
     assert "environment_changes" not in RunStore.open(store).attrs["model"]
-    environment.check(opened, gpu, allow=True)
-    environment.check(RunStore.open(store), gpu)  # computed there already: mixes nothing new
+    for _ in range(2):
+        environment.check(RunStore.open(store), environment.Work(gpu), allow=True)
+    environment.check(RunStore.open(store), environment.Work(gpu))  # mixes nothing new now
     model = RunStore.open(store).attrs["model"]
     assert model["environment_changes"] == [gpu] and environment.mixed(model)
-    assert environment.said(gpu) == "cuda (NVIDIA H200), torch " + here["torch"] + (
+    assert environment.said(gpu) == "cuda (NVIDIA H200), torch " + here.env["torch"] + (
         ", CUDA 13.0, cuDNN 91000"
     )
+
+    old = {k: v for k, v in model.items() if not k.startswith("environment")}
+    RunStore.open(store).set_attrs(model=old)  # as a store made before the record
+    environment.check(RunStore.open(store), here)
+    model = RunStore.open(store).attrs["model"]
+    assert model["environment"] == here.env and model["environment_late"] is True
+    status = segpipe("status", "--store", store)
+    assert "recorded on a resume" in status.stdout, status.stdout
+
+
+def other_environment(store) -> None:
+    """Record in `store` that it was computed at 7 torch threads (no test runs at 7), and
+    in no other environment."""
+    from segpipe.store.runstore import RunStore
+
+    opened = RunStore.open(store)
+    model = {k: v for k, v in opened.attrs["model"].items() if k != "environment_changes"}
+    opened.set_attrs(model={**model, "environment": {**model["environment"], "threads": 7}})
+
+
+def test_repair_and_the_studio_refuse_another_environment_before_writing(small, tmp_path):
+    """`repair` of a damaged chunk in another environment is refused before anything is
+    deleted or redone; the studio's Track is refused with a 409 before its job starts (it
+    would have answered 202 and failed in the job). `--allow-env-change` repairs, and the
+    studio started with it tracks."""
+    from test_studio import fetch
+
+    import segpipe as api
+    from segpipe.web.server import StudioServer
+
+    store = tmp_path / "s.zarr"
+    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=64, progress=False)
+    api.encode(store, random_weights=0, progress=False)
+    other_environment(store)
+    (store / "features" / "level0" / "c" / "2" / "0" / "0" / "0").unlink()
+    before = tree_digest(store)
+    assert_user_error(segpipe("repair", "--store", store), "torch threads 7 in the store")
+    assert tree_digest(store) == before
+    proc = segpipe("repair", "--store", store, "--allow-env-change")
+    assert proc.returncode == 0 and "recomputed 1 chunk of encode" in proc.stdout, proc.stderr
+
+    body = {"prompts": [{"object": 1, "frame": 5, "points": [[30, 30]], "labels": [1]}]}
+    other_environment(store)
+    server = StudioServer(store, port=0).start()
+    try:
+        assert fetch(server.url + "api/prompts", "PUT", body)[0] == 200
+        before = tree_digest(store)
+        status, data, _ = fetch(server.url + "api/track", "POST", {})
+        assert status == 409 and "torch threads 7 in the store" in json.loads(data)["error"]
+        assert tree_digest(store) == before
+    finally:
+        server.stop()
+    server = StudioServer(store, port=0, model={"allow_env_change": True}).start()
+    try:
+        assert fetch(server.url + "api/track", "POST", {})[0] == 202
+    finally:
+        server.studio.job.thread.join(120)
+        server.stop()
+    assert ledger_count(store, "track_forward") >= 1

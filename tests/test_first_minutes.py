@@ -5,6 +5,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import assert_user_error, run_args, segpipe, shell_env, tree_digest
 
@@ -135,9 +136,10 @@ def write_prompts(path, entries):
 def test_prompts_are_checked_before_any_work(small, tmp_path):
     """What is certainly wrong is refused in one line before anything is written (no store,
     no lock file): a point outside the frame, an object id DAVIS PNGs cannot hold with the
-    default exports, a frame past a frame folder's end. A frame past the end of a video file
-    (whose container only claims a count) is refused once decoded, before any encoding; it
-    used to be a traceback from the storage estimate."""
+    default exports, a frame past a frame folder's end, or past the frame count an MP4
+    records. A frame past the end of a video whose container records no count (MPEG-TS) is
+    refused once decoded, before any encoding; it used to be a traceback from the storage
+    estimate."""
     video = small / "clip.mp4"
     point = {"object": 1, "frame": 2, "points": [[10, 10]], "labels": [1]}
     cases = {
@@ -194,6 +196,30 @@ def test_prompts_are_checked_before_any_work(small, tmp_path):
     proc = segpipe(
         "run",
         video,
+        "--store",
+        store,
+        "--prompts",
+        late,
+        "--chunk-size",
+        4,
+        "--image-size",
+        128,
+        "--random-weights",
+        0,
+    )
+    assert_user_error(proc, "frame 30 is out of range", "0..23")
+    assert not store.exists()  # the MP4 records its frame count: refused before decoding
+
+    import make_sample
+
+    stream = tmp_path / "clip.ts"  # MPEG-TS records no frame count: refused once decoded
+    with av.open(str(video)) as container:
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    make_sample.write_video(stream, frames)
+    store = tmp_path / "stream.zarr"
+    proc = segpipe(
+        "run",
+        stream,
         "--store",
         store,
         "--prompts",

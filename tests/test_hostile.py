@@ -19,6 +19,7 @@ from test_studio import fetch
 from test_studio_writes import POINT, made, mount, one_line_error  # noqa: F401 - a fixture
 
 from segpipe import limits
+from segpipe import prompts as prompt_file
 
 
 @pytest.fixture
@@ -86,13 +87,41 @@ def test_bodies_and_files_past_the_limits_are_refused(store, server, tmp_path):
     many = {"prompts": [POINT] * (limits.MAX_PROMPTS + 1)}
     points = {"prompts": [{**POINT, "points": [[1, 1]] * 1001, "labels": [1] * 1001}]}
     nan = b'{"prompts": [{"object": 1, "frame": 5, "points": [[NaN, 1]], "labels": [1]}]}'
-    for body, words in ((many, "65,536 prompts"), (points, "at most 1000"), (nan, "NaN")):
+    for body, words in ((many, "at most 65,536"), (points, "at most 1000"), (nan, "NaN")):
         path = tmp_path / "p.json"
         path.write_bytes(body if isinstance(body, bytes) else json.dumps(body).encode())
         assert_user_error(segpipe("track", "--store", store, "--prompts", path), words)
         got = fetch(server.url + "api/prompts", "PUT", body)
         one_line_error(got, 413 if body is many else 400, words)
     assert tree_digest(store) == digest
+
+
+def test_the_prompt_limits_hold_before_memory_is_taken():
+    """One prompt past the count is refused, never dropped (an id mask's ids each count: it
+    once stopped reading at the limit and left later entries out without a word); an id mask
+    whose masks would pass the pixel limit (300 ids at 4K, 2.5 G pixels) is refused from its
+    ids, before a mask is made; a mask PNG of another size is refused from its header."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from segpipe.errors import BadInput
+
+    box = {"object": 1, "frame": 0, "box": [0, 0, 1, 1]}
+    prompt_file.load([box] * limits.MAX_PROMPTS, 1, 96, 72)
+    with pytest.raises(limits.TooLarge, match="65,537 prompts"):
+        prompt_file.load([box] * (limits.MAX_PROMPTS + 1), 1, 96, 72)
+    ids = np.zeros((2160, 3840), np.uint16)
+    ids.reshape(-1)[:300] = np.arange(1, 301)
+    with pytest.raises(limits.TooLarge, match="at most 258 masks"):
+        prompt_file.load([{"frame": 0, "id_mask": ids}], 1, 3840, 2160)
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((40_000, 10), np.uint8)).save(out, "PNG")
+    tall = prompt_file.DATA_URI + base64.b64encode(out.getvalue()).decode()
+    with pytest.raises(BadInput, match="is 10x40000, the video is 96x72"):
+        prompt_file.load([{"object": 1, "frame": 0, "mask": tall}], 1, 96, 72)
 
 
 def test_a_symlink_loop_as_the_store_is_one_line_for_every_command(store, small, tmp_path):

@@ -15,8 +15,8 @@ LAYERS = {
     # what everything uses: errors, limits, files, messages, the chunk plan, the prompts format
     "base": [
         "segpipe.errors",
-        "segpipe.limits",
         "segpipe.fsutil",
+        "segpipe.limits",
         "segpipe.log",
         "segpipe.interrupt",
         "segpipe.behind",

@@ -391,7 +391,7 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
         ("GET", "api/masks/999.png", None, 400, "out of range"),
         ("GET", "api/frames/-1.jpg", None, 404, "not found"),
         ("GET", "api/frames/x.jpg", None, 404, "not found"),
-        ("POST", "api/preview", b"{nope", 400, "malformed json"),
+        ("POST", "api/preview", b"{nope", 400, "not valid json"),
         ("POST", "api/preview", {"frame": 5, "object": 7}, 400, "object 7 has no prompt"),
         ("POST", "api/preview", {"frame": 99, "object": 1}, 400, "out of range"),
         (
@@ -425,7 +425,7 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
         ("POST", "api/track", {"frames": [0, 4], "direction": "forward"}, 400, "no forward pass"),
         ("POST", "api/track", b"{}", 400, "content-type"),  # as another site's form sends
         ("POST", "api/cancel", b"", 400, "content-type"),
-        ("PUT", "api/prompts", b"{nope", 400, "malformed json"),
+        ("PUT", "api/prompts", b"{nope", 400, "not valid json"),
         ("POST", "api/export", {"format": "cvat"}, 409, "no tracking results"),
         ("POST", "api/export", {"format": "png"}, 400, "format must be one of"),
         ("POST", "api/export", [], 400, "format"),

@@ -88,9 +88,10 @@ def test_a_read_only_file_system_makes_the_studio_read_only(made, tmp_path):
 
 
 def test_a_full_disk_is_a_507_in_one_line_and_the_store_is_left_intact(made, tmp_path):
-    """The store on a 3 MB tmpfs filled to the last byte: saving prompts (the draft's write,
-    or the lock file's) and Track are each a 507 with one line naming the full disk; no
-    half-written draft or lock is left, and the store is unchanged. Freed, the same
+    """The store on a 3 MB tmpfs filled to the last byte: saving prompts and Track are each
+    a 507 with one line naming the full disk (the lock file's write fails). With one page
+    left, the lock is written but the saved prompts are not: a 507 too, and the draft half
+    written is removed. No lock is left, and the store is unchanged. Freed, the same
     request saves."""
     from segpipe.web.server import StudioServer
 
@@ -111,10 +112,17 @@ def test_a_full_disk_is_a_507_in_one_line_and_the_store_is_left_intact(made, tmp
                 except OSError:
                     pass
             digest = tree_digest(store)
-            body = {"prompts": [{**POINT, "points": [[30, 30]] * 500, "labels": [1] * 500}]}
+            many = [[30 + i % 60, 30] for i in range(1000)]
+            body = {"prompts": [{**POINT, "points": many, "labels": [1] * 1000}]}
             one_line_error(fetch(server.url + "api/prompts", "PUT", body), 507, "disk full")
             one_line_error(fetch(server.url + "api/track", "POST", {}), 507, "disk full")
             assert tree_digest(store) == digest
+            assert sorted(p.name for p in disk.iterdir()) == ["clip.zarr", "filler"]
+
+            with open(filler, "r+b") as f:  # one page free: the lock file's, not the draft's
+                f.truncate(filler.stat().st_size - 4096)
+            one_line_error(fetch(server.url + "api/prompts", "PUT", body), 507, "disk full")
+            assert tree_digest(store) == digest  # no .prompts.json.tmp left in it
             assert sorted(p.name for p in disk.iterdir()) == ["clip.zarr", "filler"]
             filler.unlink()
             assert fetch(server.url + "api/prompts", "PUT", body)[0] == 200

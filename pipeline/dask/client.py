@@ -237,7 +237,7 @@ class Cluster:
         self.client, self.threads, self.local = client, threads, local
         self.own = threads if own is None else own  # this process's count, as started
         self.device = None  # the workers' device type (checked alike on every worker)
-        self.environment = None  # the workers' compute environment (`check_bits`)
+        self.environments = []  # the workers' compute environments, distinct (`check_bits`)
         self.size = 0
         self.background = []  # futures nobody waits for yet (exports sent while tracking)
 
@@ -270,8 +270,8 @@ class Cluster:
 
     def check_bits(self, allow_env_change: bool = False) -> None:
         """Every worker computes in one environment (`environment.current`: device, library
-        versions, on CPU the thread count and ISA level), its `environment` (else refuse in
-        one line, or with `allow_env_change` warn). On CPU workers: each computes SAM 2's
+        versions, on CPU the thread count and ISA level), its `environments` (else refuse in
+        one line, or with `allow_env_change` warn and keep each). On CPU workers: each computes SAM 2's
         image encoder as this process does (`model.thread_probe`, run as a task at the
         client's thread count), else refuse in one line: its masks would not be those of
         the single-process run. The workers of a local cluster run at their share of the
@@ -310,9 +310,12 @@ class Cluster:
             if self.device == "cpu":
                 self._check_digest(worker, digest, environ, mine)
                 mine = digest if mine is None else mine  # a local cluster's first worker
-            if self.environment is None:
-                self.environment, first = env, worker
-            changed = differences(self.environment, env, (f"on {first}", f"on {worker}"))
+            if not self.environments:
+                self.environments.append(env)
+                first = worker
+            elif env not in self.environments:
+                self.environments.append(env)
+            changed = differences(self.environments[0], env, (f"on {first}", f"on {worker}"))
             if changed and not allow_env_change:
                 raise BadInput(
                     f"the Dask workers compute in different environments ({'; '.join(changed)}): "

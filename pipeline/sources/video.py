@@ -9,7 +9,6 @@ calls it, in decode's resize pool for instance.
 from __future__ import annotations
 
 import itertools
-import stat
 from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Iterator
@@ -18,6 +17,7 @@ import av
 from PIL import Image
 
 from segpipe.errors import BadInput
+from segpipe.fsutil import regular_file
 from segpipe.sources import folder
 from segpipe.sources.info import VideoInfo
 
@@ -34,16 +34,8 @@ def open_video(path: Path, stream_index: int | None = None):
     """The container and its video stream: `stream_index` (the container's stream number),
     or the one FFmpeg ranks best (the default stream)."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise BadInput(f"video not found: {path}") from None
-    except OSError as e:  # a symbolic link loop, a folder we may not enter
-        raise BadInput(f"video {path} cannot be read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would be read for ever
-        raise BadInput(
-            f"{path} is not a regular file: give a video file or a folder of numbered frames"
-        )
+    # a FIFO or a device would be read for ever: refused before it is opened
+    regular_file(path, "video", "a video file or a folder of numbered frames")
     try:
         container = av.open(str(path))
     except Exception as e:  # noqa: BLE001 - FFmpeg errors, and PyAV's own on damaged metadata

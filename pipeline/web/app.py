@@ -186,15 +186,13 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         return JSONResponse({"error": e.message}, status_code=status)
 
     async def os_error(request: Request, e: OSError):
-        """A full disk is 507, a file system the studio may not write 409, in one line
-        (`errors.os_error_line`); the store is as it was (writes are atomic)."""
-        if e.errno == errno.ENOSPC:
-            status = 507
-        elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            status = 409
-        else:
+        """A full disk is 507, a read-only file system 409, a path this user may not use
+        403, in one line (`errors.os_error_line`); the store is as it was (writes are
+        atomic)."""
+        status = {errno.ENOSPC: 507, errno.EROFS: 409, errno.EACCES: 403, errno.EPERM: 403}
+        if e.errno not in status:
             raise e
-        return JSONResponse({"error": os_error_line(e)}, status_code=status)
+        return JSONResponse({"error": os_error_line(e)}, status_code=status[e.errno])
 
     async def http_error(request: Request, e: HTTPException):
         return JSONResponse({"error": f"{e.detail}: {request.url.path}"}, status_code=e.status_code)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from segpipe import interrupt, log
+from segpipe import environment, interrupt, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import (
     BadInput,
@@ -335,17 +335,23 @@ class Studio:
         if frames is not None:
             frames = tuple(frames)
             check_window(store, frames, prompts, direction, pick_options(store, direction))
+        if "model" in store.attrs:  # another compute environment: refused now, not in the job
+            computing = environment.of_work(self.device)
+            environment.check(store, computing, self.allow_env_change, record=False)
         with self._starting:
             claim = self._claim()
-            if self.sync():  # another studio saved prompts since: they are the page's now
+            try:
+                if self.sync():  # another studio saved prompts since: the page's now
+                    raise StoreMismatch(
+                        "another studio changed the store's prompts: the page shows them "
+                        "now; press Track again to track these"
+                    )
+                self.direction = direction
+                work = lambda job: self._track(job, prompts, direction, frames)  # noqa: E731
+                self.job.start(self, "track", work, claim)
+            except BaseException:
                 claim.release()
-                raise StoreMismatch(
-                    "another studio changed the store's prompts: the page shows them now; "
-                    "press Track again to track these"
-                )
-            self.direction = direction
-            work = lambda job: self._track(job, prompts, direction, frames)  # noqa: E731
-            self.job.start(self, "track", work, claim)
+                raise
 
     def _track(self, job: "Job", prompts: list, direction: str, frames) -> str:
         from segpipe.stages.encode import encode

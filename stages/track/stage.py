@@ -200,7 +200,7 @@ def track(
     window = check_window(store, frames, prompts, direction, options)
     settings = tracking_settings(prompts, direction, options, window)
     again = force or stored_settings(store) != settings  # then every chunk is tracked anew
-    env = (*environment.of_work(device, predictor, cluster), allow_env_change)
+    env = (environment.of_work(device, predictor, cluster), allow_env_change)
     pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space, env)
     if not pending:
         sweep(store)
@@ -332,10 +332,10 @@ def _prepare_passes(
     again: bool,
     quiet: bool,
     space=None,
-    env: tuple[dict, str, bool] | None = None,
+    env: tuple[environment.Work, bool] | None = None,
 ) -> list[str]:
-    """Check the source is there if needed, the space and the environment (`env`: the
-    work's, where that is, and whether another than the store's is allowed), `prepare` the
+    """Check the source is there if needed, the space and the environment (`env`: where
+    the work computes, and whether another than the store's is allowed), `prepare` the
     tracking; the passes left to run."""
     span = Span.of(settings, plan.num_frames)
     needed = {
@@ -349,8 +349,7 @@ def _prepare_passes(
     if space is not None and any(needed.values()):
         space.before_track(store)
     if env is not None and any(needed.values()):
-        work, where, allow = env
-        environment.check(store, work, allow, quiet, where)
+        environment.check(store, *env, quiet)
     prepare(store, prompts, settings, again, quiet)
     return [
         d for d in passes(direction) if store.pass_ledger(d).count() < len(span.chunks(plan, d))
