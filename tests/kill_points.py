@@ -149,6 +149,29 @@ def at_unlink(nth: int, under: str | None = None) -> None:
     os.scandir = _ZarrJsonFirst
 
 
+def hold_redecoding(k: int, flag: str) -> None:
+    """Decoding chunk `k` again (`Redecoder.frames`: what a `--keep masks` pass reads ahead
+    while it tracks the chunk before) waits until the file `flag` exists; the name of the
+    thread that decodes it is written to `flag`.thread first."""
+    import time
+
+    from segpipe.stages import decode
+
+    frames = decode.Redecoder.frames
+
+    def held(self, n, *args, **kwargs):
+        if n == k:
+            import threading
+
+            with open(flag + ".thread", "w") as f:  # who decodes it: the read-ahead's thread
+                f.write(threading.current_thread().name)
+            while not os.path.exists(flag):
+                time.sleep(0.01)
+        return frames(self, n, *args, **kwargs)
+
+    decode.Redecoder.frames = held
+
+
 def slow_job_start(seconds: float) -> None:
     """A studio job's thread waits `seconds` before its work: the moment between a job's
     202 and its first step, made long enough for another request to land in it."""

@@ -16,6 +16,7 @@ from conftest import (
     EncoderCalls,
     assert_same_store,
     assert_user_error,
+    freeze,
     ledger_count,
     ledger_records,
     popen_segpipe,
@@ -354,6 +355,43 @@ def test_a_kill_mid_feature_write_leaves_no_temp_file_behind(small, keep_all, ke
     assert_same_results(keep_all, store)
     if keep == "all":
         assert_same_store(keep_all, store)
+
+
+HOLD_REDECODING = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.hold_redecoding(int(sys.argv[1]), sys.argv[2])
+kill_points.cli(sys.argv[3:])
+"""
+
+
+def test_kill_9_with_the_decode_read_ahead_in_flight_then_rerun(small, keep_all, tmp_path):
+    """Under `--keep masks` the forward pass decodes chunk k+1 again ahead, on the frames
+    reader's thread, while it tracks chunk k. Chunk 4's decoding is held there: the pass
+    tracks and commits chunk 3, then a kill -9 lands with that read-ahead in flight and
+    chunk 4 not tracked; the rerun ends with the masks and exports of an uninterrupted
+    run."""
+    store, flag = tmp_path / "run.zarr", tmp_path / "never"
+    args = [*map(str, run_args(small, store)), "--keep", "masks", "--quiet"]
+    proc = spawn(
+        ["4", flag, *args], code=HOLD_REDECODING, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        tracked = wait_for(lambda: 3 in ledger_records(store, "track_forward"), proc, timeout=300)
+        time.sleep(0.5)  # the pass is now waiting for chunk 4's frames
+        freeze(proc)
+        forward = set(ledger_records(store, "track_forward"))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert tracked, "chunk 3 was not tracked while chunk 4 was decoded ahead"
+    assert forward == {1, 2, 3}, forward  # killed with chunk 4's read-ahead in flight
+    reader = Path(str(flag) + ".thread").read_text()
+    assert reader.startswith("segpipe-frames"), reader  # the read-ahead, not the pass itself
+    run_in_process(small, store, keep="masks")
+    assert_same_results(keep_all, store)
 
 
 WAIT_BEFORE_FEATURE_WRITE = """
