@@ -8,22 +8,13 @@ masks bit-identical to SAM 2's own video predictor.
     >>> run.masks(frames=slice(0, 100), objects=[1]).shape
     (100, 1, 480, 640)
 
-Every name of the API is listed in `__all__`. `import segpipe` does not import torch: the
-calls that run the model import it.
+Every name of the API is listed in `__all__`, and imported when first used: `import
+segpipe` (or `import segpipe.errors`) imports neither the API's modules nor torch; the calls
+that run the model import it.
 """
 
-from segpipe.api import (
-    dataset,
-    decode,
-    encode,
-    evaluate,
-    export,
-    open,
-    repair,
-    run,
-    studio,
-    track,
-)
+import importlib
+
 from segpipe.errors import (
     BadInput,
     DamagedStore,
@@ -33,8 +24,31 @@ from segpipe.errors import (
     StoreMismatch,
     StoreNotReady,
 )
-from segpipe.prompts import Prompt
-from segpipe.results import Run
+
+# the API's names, each imported from its module when first used: `import segpipe.errors`
+# (or any module of the package) loads no more than that module needs
+_LAZY = {
+    **dict.fromkeys(
+        ["run", "decode", "encode", "track", "export", "repair", "studio", "dataset"],
+        "segpipe.api",
+    ),
+    **dict.fromkeys(["evaluate", "open"], "segpipe.api"),
+    "Run": "segpipe.results",
+    "Prompt": "segpipe.prompts",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'segpipe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     # the stages, and all of them in one call

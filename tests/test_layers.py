@@ -173,3 +173,23 @@ def test_the_walk_sees_function_level_imports(tmp_path):
     )
     known = {"segpipe.stages.decode", "segpipe.store.runstore", "segpipe.api"}
     assert imports("segpipe.x", path, known) == {"segpipe.stages.decode", "segpipe.store.runstore"}
+
+
+def test_a_module_imports_no_more_than_it_needs():
+    """`import segpipe.errors` in a fresh process (what the CLI's error handling, the
+    studio's, and a caller catching `segpipe.SegpipeError` import) loads neither the API nor
+    its estimate, zarr or torch: the package's names are imported when first used. Then
+    `segpipe.run` is there, the API with it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, segpipe.errors\n"
+        "print(sorted(m for m in ('segpipe.api', 'segpipe.estimate', 'zarr', 'torch') "
+        "if m in sys.modules))\n"
+        "import segpipe\n"
+        "print(callable(segpipe.run), 'segpipe.api' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "True True"], out.stdout
