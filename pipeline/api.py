@@ -271,19 +271,22 @@ def export(
     progress: bool = True,
 ) -> Path:
     """Export the tracked masks: "davis" (a folder of indexed PNGs), "vis-json"
-        (YouTube-VIS RLE JSON), "overlay" (an MP4), "frames" (the overlay as a folder of
-        JPEGs) or "cvat" (CVAT for video 1.1 XML, one mask track per object). Returns the output path. `per_object` (davis): one folder of 0/1 PNGs per object,
-    `<id:03d>/<frame>.png` (SA-V's layout; ids need not fit 1..255). A file format given a folder (an existing one, or a
-        path ending in "/") writes into it, as `masks.json`, `overlay.mp4` or `annotations.xml`.
+    (YouTube-VIS RLE JSON), "overlay" (an MP4), "frames" (the overlay as a folder of JPEGs),
+    "cvat" (CVAT for video 1.1 XML, one mask track per object), or any format registered
+    (`segpipe.stages.export.formats`). Returns the output path. `per_object` (davis): one
+    folder of 0/1 PNGs per object, `<id:03d>/<frame>.png` (SA-V's layout; ids need not fit
+    1..255). A single-file format given a folder (an existing one, or a path ending in "/")
+    writes into it, as `masks.json`, `overlay.mp4` or `annotations.xml`.
 
         Example:
             >>> segpipe.export("clip.zarr", "davis", "clip_davis/", frames=slice(0, 300), objects=[1])
     """
-    from segpipe.stages.export.stage import OUTPUT_NAMES
+    from segpipe.stages.export.stage import FORMATS
     from segpipe.stages.export.stage import export as export_stage
 
-    if format in ("vis-json", "overlay", "cvat") and (str(out).endswith("/") or Path(out).is_dir()):
-        out = Path(out) / OUTPUT_NAMES[format]
+    single = format in FORMATS and FORMATS[format].single_file
+    if single and (str(out).endswith("/") or Path(out).is_dir()):
+        out = Path(out) / FORMATS[format].output
     if isinstance(frames, slice):
         if frames.step not in (None, 1):
             raise BadInput(f"frames must be a contiguous slice, got {frames!r}")

@@ -382,16 +382,35 @@ def track(store, prompts, **options):
         api.track(store, prompts, **api_options(options))
 
 
+class ExportFormats(click.Choice):
+    """`--format`'s choices: the export registry's (`stages.export.formats`), read when the
+    option is used, so `import segpipe.cli` loads no export code."""
+
+    def __init__(self):
+        super().__init__([])
+
+    @property
+    def choices(self):
+        from segpipe.stages.export.stage import FORMATS
+
+        return list(FORMATS)
+
+    @choices.setter
+    def choices(self, value):  # click sets it once, empty
+        pass
+
+
 @cli.command(context_settings=CONTEXT)
 @STORE
 @click.option(
     "--format",
     "fmt",
     required=True,
-    type=click.Choice(["davis", "vis-json", "overlay", "frames", "cvat"]),
+    type=ExportFormats(),
     help="davis: indexed PNG per frame; vis-json: YouTube-VIS RLE JSON; overlay: MP4; "
     "cvat: CVAT for video 1.1 XML (mask tracks, to correct in CVAT); "
-    "frames: the overlay as a folder of JPEGs.",
+    "frames: the overlay as a folder of JPEGs; and any format registered "
+    "(segpipe.stages.export.formats).",
 )
 @click.option(
     "--out",

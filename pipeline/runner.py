@@ -15,7 +15,7 @@ from segpipe.errors import BadInput
 from segpipe.sources.video import probe
 from segpipe.stages.decode import decode as decode_stage
 from segpipe.stages.export.as_tracked import ExportsAsTracked
-from segpipe.stages.export.stage import OUTPUT_NAMES
+from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import keep_setting, set_keep
@@ -62,7 +62,7 @@ def run(
     # nothing else to do yet)
     encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
     exporting = ExportsAsTracked(
-        store, [dict(fmt=f, out=export_folder(store) / OUTPUT_NAMES[f]) for f in exports], cluster
+        store, [dict(fmt=f, out=export_folder(store) / FORMATS[f].output) for f in exports], cluster
     )
     track_stage(
         store,

@@ -61,6 +61,7 @@ LAYERS = {
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.stage",
         "segpipe.stages.export",
+        "segpipe.stages.export.formats",
         "segpipe.stages.export.writers",
         "segpipe.stages.export.stage",
         "segpipe.stages.export.as_tracked",

@@ -38,16 +38,18 @@ STAGE_OUTPUTS = {
     },
     "export": {
         "arrays": [],
-        "ledgers": [
-            "export_davis",
-            "export_vis-json",
-            "export_overlay",
-            "export_frames",
-            "export_vos",
-        ],
+        "ledgers": [],  # each export's, `export_<name>`: those the store records (`ledgers`)
         "attrs": ["exports"],
     },
 }
+
+
+def ledgers(store: RunStore, stage: str) -> list[str]:
+    """The ledgers `stage` owns in `store`: its own, and for the exports one per export the
+    store records (any registered format, and the dataset command's `vos`)."""
+    if stage == "export":
+        return [f"export_{name}" for name in store.attrs.get("exports", {})]
+    return STAGE_OUTPUTS[stage]["ledgers"]
 
 
 def reset_from(store: RunStore, stage: str) -> None:
@@ -55,7 +57,7 @@ def reset_from(store: RunStore, stage: str) -> None:
     then the data, then the settings that say what the data was made with."""
     stages = list(STAGE_OUTPUTS)[list(STAGE_OUTPUTS).index(stage) :]
     for s in stages:
-        for ledger in STAGE_OUTPUTS[s]["ledgers"]:
+        for ledger in ledgers(store, s):
             store.ledger(ledger).reset()
     for s in stages:
         for name in STAGE_OUTPUTS[s]["arrays"]:

@@ -164,6 +164,7 @@ class Studio:
             "direction": self.direction,
             "read_only": self.read_only,
             "version": self.version,
+            "formats": _menu(),
         }
 
     def frame_number(self, n) -> int:
@@ -399,7 +400,7 @@ class Studio:
     def export(self, fmt) -> None:
         """Export the tracked masks in `fmt` into `<store>.export/`, as `segpipe run` does,
         in the background."""
-        from segpipe.stages.export.stage import FORMATS, OUTPUT_NAMES
+        from segpipe.stages.export.stage import FORMATS
         from segpipe.store.layout import export_folder
         from segpipe.store.tracking import require_tracked
 
@@ -407,7 +408,7 @@ class Studio:
         if fmt not in FORMATS:
             raise BadInput(f"format must be one of {', '.join(FORMATS)}")
         require_tracked(self.store())
-        out = export_folder(self.path) / OUTPUT_NAMES[fmt]
+        out = export_folder(self.path) / FORMATS[fmt].output
 
         def work(job: Job) -> str:
             from segpipe.stages.export.stage import export
@@ -542,6 +543,13 @@ def tracked_frames(store: RunStore) -> tuple[int, int]:
             total += n
             done += 0 if k in todo else n
     return done, total
+
+
+def _menu() -> list[list[str]]:
+    """The export menu: [format, label] of each registered format the studio offers."""
+    from segpipe.stages.export.stage import FORMATS
+
+    return [[name, f.label] for name, f in FORMATS.items() if f.label is not None]
 
 
 def _options(studio: Studio) -> dict:

@@ -14,14 +14,14 @@ from segpipe.errors import BadInput, StoreMismatch
 from segpipe.fsutil import resolved
 from segpipe.plan import ChunkPlan
 from segpipe.sources.identity import same_file
-from segpipe.stages.export.writers import WRITERS, Job, remove_parts
+from segpipe.stages.export.formats import FORMATS, run_formats
+from segpipe.stages.export.writers import Job, remove_parts  # (registers the formats)
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_batches
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import require_tracked, stored_track
 
-FORMATS = ("davis", "vis-json", "overlay", "frames", "cvat")
-RUN_FORMATS = ("davis", "vis-json", "overlay")  # what `run` exports unless told
+RUN_FORMATS = tuple(run_formats())  # what `run` exports unless told
 
 
 def parse_frames(spec: str | None, T: int) -> tuple[int, int]:
@@ -52,15 +52,6 @@ def parse_objects(spec: str | None, ids: list[int]) -> list[int]:
             f"the store tracks {', '.join(map(str, ids))}"
         )
     return [s for s, i in enumerate(ids) if i in wanted]
-
-
-OUTPUT_NAMES = {
-    "davis": "davis",
-    "vis-json": "masks.json",
-    "overlay": "overlay.mp4",
-    "frames": "overlay_frames",
-    "cvat": "annotations.xml",
-}
 
 
 def check_source(store: RunStore, source: Path) -> None:
@@ -122,7 +113,7 @@ class Export:
         self.source = source = Path(store.attrs["source"]["path"])
         names = _frame_names(store, source)
         palette = None if palette is None else [int(v) for v in palette]
-        self.writer = WRITERS[fmt](
+        self.writer = FORMATS[fmt].writer(
             Job(out, ids, (a, b), store.attrs["video"], source, store, names, palette, per_object)
         )
         self.stage = f"export_{self.name}"
@@ -164,7 +155,7 @@ class Export:
 
     def start(self) -> None:
         if not self.started:
-            if self.fmt in ("overlay", "frames"):
+            if FORMATS[self.fmt].needs_source:
                 check_source(self.store, self.source)
             self.writer.start()
             self.started = True

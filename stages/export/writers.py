@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import atomic_write, fsync_path_dir, replacing
+from segpipe.stages.export.formats import ExportFormat, register
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader
 
@@ -451,13 +452,58 @@ def cvat_mask(t: int, m: np.ndarray) -> str:
     )
 
 
-WRITERS = {
-    "cvat": CvatWriter,
-    "davis": DavisWriter,
-    "vis-json": VisJsonWriter,
-    "overlay": OverlayWriter,
-    "frames": OverlayFramesWriter,
-}
+register(
+    ExportFormat(
+        "davis",
+        DavisWriter,
+        "davis",
+        "indexed PNG per frame",
+        label="DAVIS PNGs",
+        in_run=True,
+    )
+)
+register(
+    ExportFormat(
+        "vis-json",
+        VisJsonWriter,
+        "masks.json",
+        "YouTube-VIS RLE JSON",
+        single_file=True,
+        label="vis-json",
+        in_run=True,
+    )
+)
+register(
+    ExportFormat(
+        "overlay",
+        OverlayWriter,
+        "overlay.mp4",
+        "MP4 of the masks over the video",
+        single_file=True,
+        needs_source=True,
+        label="overlay.mp4",
+        in_run=True,
+    )
+)
+register(
+    ExportFormat(
+        "frames",
+        OverlayFramesWriter,
+        "overlay_frames",
+        "the overlay as a folder of JPEGs",
+        needs_source=True,
+    )
+)
+register(
+    ExportFormat(
+        "cvat",
+        CvatWriter,
+        "annotations.xml",
+        "CVAT for video 1.1 XML (mask tracks, to correct in CVAT)",
+        single_file=True,
+        label="CVAT XML",
+    )
+)
 
 
 def each_frame(batches):

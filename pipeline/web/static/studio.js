@@ -572,6 +572,12 @@ async function main() {
   $("frame").max = S.info.frames - 1;
   $("of").textContent = `/ ${S.info.frames - 1}`;
   $("direction").value = S.info.direction;
+  for (const [name, label] of S.info.formats) {  // the export formats registered
+    const option = document.createElement("option");
+    option.value = name;
+    option.textContent = label;
+    $("export-format").append(option);
+  }
   wire();
   setTool("prompt");
   $("radius").value = Math.max(2, Math.round(S.info.width / 40));
