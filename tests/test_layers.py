@@ -194,3 +194,19 @@ def test_a_module_imports_no_more_than_it_needs():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "True True"], out.stdout
+
+
+def test_no_private_name_crosses_a_module():
+    """A name with a leading underscore is its module's own: no other module of the package
+    imports it (a name two modules share is public, and documented as such)."""
+    found = modules()
+    crossing = []
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("segpipe"):
+                crossing += [
+                    f"{name} imports {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert crossing == []

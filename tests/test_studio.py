@@ -490,7 +490,7 @@ def test_a_reset_between_a_requests_reads_shows_nothing_instead_of_failing(store
     import shutil
 
     from segpipe.errors import DamagedStore
-    from segpipe.store.masks import _read
+    from segpipe.store.masks import read_masks
     from segpipe.store.runstore import RunStore
     from segpipe.web.session import ChunkMasks, Studio
 
@@ -503,7 +503,7 @@ def test_a_reset_between_a_requests_reads_shows_nothing_instead_of_failing(store
         shutil.rmtree(store / name)
     assert ChunkMasks().frame(looked, 3) == []
     with pytest.raises(DamagedStore):
-        _read(looked, 0, 4, [0, 1, 2], packed=True)
+        read_masks(looked, 0, 4, [0, 1, 2], packed=True)
     assert studio.scores()["objects"] == []  # object_scores still there, areas gone
 
 

@@ -88,7 +88,7 @@ def write_fill(store: RunStore, a: int, b: int) -> None:
             arr[a:b, s0:s1, r0:r1] = False
 
 
-def _read(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:
+def read_masks(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:
     """masks[a:b][:, slots] (packed or not), read (and verified) one zarr chunk at a time."""
     arr = store.array("masks")
     # (a reset under way, read from another thread or process, removes or remakes it)
@@ -139,9 +139,9 @@ def mask_batches(
                 data = store.read("masks", a, b, cols=slice(c0, c1))
                 yield a, data if slots == list(range(c0, c1)) else data[:, [s - c0 for s in slots]]
             else:
-                yield a, _read(store, a, b, slots, packed=False)
+                yield a, read_masks(store, a, b, slots, packed=False)
             continue
-        packed = _read(store, a, b, slots, packed=True)
+        packed = read_masks(store, a, b, slots, packed=True)
         for c in range(a, b, batch):
             d = min(c + batch, b)
             yield c, unpack(packed[c - a : d - a], H, W)

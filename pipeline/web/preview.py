@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from segpipe.model import autocast, model_spec_of, pick_device, pick_precision, resolve_weights
-from segpipe.stages.track.stage import _build_predictor, _embeddings_weights
+from segpipe.stages.track.stage import build_predictor, embeddings_weights
 from segpipe.stages.track.tracker import StoredFeatures, new_state, positional_encodings
 from segpipe.store.retention import has
 from segpipe.store.runstore import RunStore
@@ -36,7 +36,7 @@ class Previewer:
         if self.predictor is None or spec != self.built_for or options != self.options:
             built_for = spec
             if spec is not None:
-                weights, _ = _embeddings_weights(store, spec, self.choice["checkpoint"])
+                weights, _ = embeddings_weights(store, spec, self.choice["checkpoint"])
             else:  # what Track will record (`encode`'s choice of model and weights)
                 name = self.choice["model"]
                 weights = resolve_weights(
@@ -44,7 +44,7 @@ class Previewer:
                 )
                 spec = {"name": name, "image_size": store.attrs["image_size"]}
             # its own, kept here: a job may track on another thread meanwhile
-            self.predictor = _build_predictor(spec, weights, self.device, options, kept=False)
+            self.predictor = build_predictor(spec, weights, self.device, options, kept=False)
             self.options, self.built_for = options, built_for  # once it is built
         return self.predictor
 

@@ -570,7 +570,7 @@ class ChunkMasks:
 
     def frame(self, store: RunStore, n: int) -> list[np.ndarray]:
         """Frame n's (H, W) mask of every object; none while its chunk is not written."""
-        from segpipe.store.masks import _read, unpack
+        from segpipe.store.masks import read_masks, unpack
 
         k = store.plan.chunk_of(n)
         lo, hi = store.plan.bounds(k)
@@ -588,7 +588,7 @@ class ChunkMasks:
                 self.key, self.packed = None, None  # the old chunk goes before the new comes
                 slots = list(range(array.shape[1]))
                 try:
-                    self.packed = _read(store, lo, hi, slots, packed=True)
+                    self.packed = read_masks(store, lo, hi, slots, packed=True)
                 except DamagedStore:  # not written yet (a tracking under way): none shown
                     return []
                 self.key = key

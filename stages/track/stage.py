@@ -184,7 +184,7 @@ def track(
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
     direction, plan, spec, prompts = _track_inputs(store, prompts, direction, draft)
-    weights, seed = _embeddings_weights(store, spec, checkpoint)
+    weights, seed = embeddings_weights(store, spec, checkpoint)
     options = pick_options(
         store,
         direction,
@@ -225,7 +225,7 @@ def track(
         cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
     else:
         if predictor is None:
-            predictor = _build_predictor(spec, weights, device, options)
+            predictor = build_predictor(spec, weights, device, options)
         run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet, groups or 1)
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
@@ -288,7 +288,7 @@ def check_window(store: RunStore, frames, prompts: list, direction: str, options
     return [lo, hi]
 
 
-def _build_predictor(spec: dict, weights, device: str, options: dict, kept: bool = True):
+def build_predictor(spec: dict, weights, device: str, options: dict, kept: bool = True):
     """The predictor of the store's model (`spec`), built with the tracking's `options`:
     this thread's kept one (`model.shared_predictor`), or, not `kept`, a new one."""
     return (shared_predictor if kept else build_model)(
@@ -301,7 +301,7 @@ def _build_predictor(spec: dict, weights, device: str, options: dict, kept: bool
     )
 
 
-def _embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
+def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
     """(weights, random seed) of the model the store's embeddings were made with, checked."""
     seed = spec["weights"].get("random_seed")
     if seed is None and checkpoint is None and not made_by_shipped_weights(spec):
