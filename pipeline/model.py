@@ -480,6 +480,26 @@ def thread_probe() -> str:
     return _PROBES[threads]
 
 
+def predictor_for(
+    spec: dict, weights: Weights, device: str, options: dict | None = None, kept: bool = True
+):
+    """The one way from a model record (`spec`: its `name` and `image_size`) and its weights
+    to a predictor on `device`, built with the tracking `options` (postprocessing and
+    non-overlap; None: SAM 2's defaults, which the image encoder does not depend on): this
+    thread's kept one (`shared_predictor`), or, not `kept`, a new one."""
+    from segpipe.store.tracking import OPTIONS
+
+    options = OPTIONS if options is None else options
+    return (shared_predictor if kept else build_model)(
+        spec["name"],
+        spec["image_size"],
+        weights,
+        pick_device(device),
+        postprocessing=options["postprocessing"],
+        non_overlap=options["non_overlap"],
+    )
+
+
 def pick_device(device: str) -> str:
     import torch
 

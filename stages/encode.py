@@ -25,8 +25,8 @@ from segpipe.model import (
     model_spec,
     pick_device,
     pick_precision,
+    predictor_for,
     resolve_weights,
-    shared_predictor,
     trained_size,
 )
 from segpipe.plan import ChunkPlan
@@ -147,7 +147,9 @@ def encode(
         log.result(f"encode: {T} frames embedded in {store.path}", quiet)
         return store
     if predictor is None:
-        predictor = shared_predictor(model, store.attrs["image_size"], weights, pick_device(device))
+        predictor = predictor_for(
+            {"name": model, "image_size": store.attrs["image_size"]}, weights, device
+        )
     _encode_chunks(store, predictor, plan, todo, batch_size, embedding_dtype, precision, quiet)
     log.result(f"encode: {T} frames embedded in {store.path}", quiet)
     return store

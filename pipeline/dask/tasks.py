@@ -105,22 +105,14 @@ def _store(path: str, work: Work):
 
 
 def _predictor(store, work: Work, options: dict | None = None):
-    """The worker's predictor of the store's model (`model.shared_predictor`: built once in
+    """The worker's predictor of the store's model (`model.predictor_for`: built once in
     the worker), with the tracking's `options` (None for the image encoder, which they do not
-    change: SAM 2's defaults, `OPTIONS`)."""
-    from segpipe.model import pick_device, resolve_weights, shared_predictor
-    from segpipe.store.tracking import OPTIONS
+    change)."""
+    from segpipe.model import predictor_for, resolve_weights
 
-    spec, options = store.attrs["model"], OPTIONS if options is None else options
+    spec = store.attrs["model"]
     weights = resolve_weights(spec["name"], work.checkpoint, spec["weights"].get("random_seed"))
-    return shared_predictor(
-        spec["name"],
-        spec["image_size"],
-        weights,
-        pick_device(work.device),
-        postprocessing=options["postprocessing"],
-        non_overlap=options["non_overlap"],
-    )
+    return predictor_for(spec, weights, work.device, options)
 
 
 def encode_task(path: str, k: int, work: Work) -> int:

@@ -111,16 +111,14 @@ class VideoRunner:
 
     def model(self, image_size: int, device: str):
         """One predictor per image size (stores made earlier may have another)."""
-        from segpipe.model import resolve_weights, shared_predictor
+        from segpipe.model import predictor_for, resolve_weights
 
         o = self.options
-        return shared_predictor(
-            o.model,
-            image_size,
+        return predictor_for(
+            {"name": o.model, "image_size": image_size},
             resolve_weights(o.model, o.checkpoint, o.random_weights),
             device,
-            postprocessing=o.apply_postprocessing,
-            non_overlap=not o.per_obj_png_file,
+            {"postprocessing": o.apply_postprocessing, "non_overlap": not o.per_obj_png_file},
         )
 
     def run(self, layout: Layout, video: str) -> VideoResult:

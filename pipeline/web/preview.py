@@ -11,8 +11,15 @@ import warnings
 import numpy as np
 import torch
 
-from segpipe.model import autocast, model_spec_of, pick_device, pick_precision, resolve_weights
-from segpipe.stages.track.stage import build_predictor, embeddings_weights
+from segpipe.model import (
+    autocast,
+    model_spec_of,
+    pick_device,
+    pick_precision,
+    predictor_for,
+    resolve_weights,
+)
+from segpipe.stages.track.stage import embeddings_weights
 from segpipe.stages.track.tracker import StoredFeatures, new_state, positional_encodings
 from segpipe.store.retention import has
 from segpipe.store.runstore import RunStore
@@ -44,7 +51,7 @@ class Previewer:
                 )
                 spec = {"name": name, "image_size": store.attrs["image_size"]}
             # its own, kept here: a job may track on another thread meanwhile
-            self.predictor = build_predictor(spec, weights, self.device, options, kept=False)
+            self.predictor = predictor_for(spec, weights, self.device, options, kept=False)
             self.options, self.built_for = options, built_for  # once it is built
         return self.predictor
 

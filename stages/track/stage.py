@@ -25,14 +25,12 @@ from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.model import (
     autocast,
-    build_model,
     check_model,
     for_workers,
     made_by_shipped_weights,
     model_spec,
-    pick_device,
+    predictor_for,
     resolve_weights,
-    shared_predictor,
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
@@ -225,7 +223,7 @@ def track(
         cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
     else:
         if predictor is None:
-            predictor = build_predictor(spec, weights, device, options)
+            predictor = predictor_for(spec, weights, device, options)
         run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet, groups or 1)
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
@@ -286,19 +284,6 @@ def check_window(store: RunStore, frames, prompts: list, direction: str, options
             f"(frame {span.start}) reaches those frames"
         )
     return [lo, hi]
-
-
-def build_predictor(spec: dict, weights, device: str, options: dict, kept: bool = True):
-    """The predictor of the store's model (`spec`), built with the tracking's `options`:
-    this thread's kept one (`model.shared_predictor`), or, not `kept`, a new one."""
-    return (shared_predictor if kept else build_model)(
-        spec["name"],
-        spec["image_size"],
-        weights,
-        pick_device(device),
-        postprocessing=options["postprocessing"],
-        non_overlap=options["non_overlap"],
-    )
 
 
 def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
