@@ -13,7 +13,7 @@ segpipe` (or `import segpipe.errors`) imports neither the API's modules nor torc
 that run the model import it.
 """
 
-import importlib
+import importlib as _importlib
 
 from segpipe.errors import (
     BadInput,
@@ -39,15 +39,35 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'segpipe' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+    else:  # a submodule not imported yet (segpipe.api, say)
+        try:
+            value = _importlib.import_module(f"segpipe.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'segpipe' has no attribute {name!r}") from None
     globals()[name] = value  # found directly from now on
     return value
 
 
+def _limit_malloc_arenas() -> None:
+    """glibc gives every thread its own malloc arena; with zarr's and our worker threads
+    handling chunk-sized buffers, peak RSS then creeps up with video length. Two arenas keep
+    it flat (measured in benchmarks/bench_export.py). Set when any module of segpipe is
+    first imported, so Python callers, the studio and Dask workers get it as the CLI does."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass  # not glibc
+
+
+_limit_malloc_arenas()
+
+
 def __dir__():
-    return sorted({*globals(), *_LAZY})
+    return sorted({*(k for k in globals() if not k.startswith("_")), *_LAZY})
 
 
 __all__ = [

@@ -21,22 +21,6 @@ from segpipe.store.layout import export_folder  # noqa: F401 - segpipe.api.expor
 from segpipe.store.runstore import RunStore
 
 
-def limit_malloc_arenas() -> None:
-    """glibc gives every thread its own malloc arena; with zarr's and our worker threads
-    handling chunk-sized buffers, peak RSS then creeps up with video length. Two arenas keep
-    it flat (measured in benchmarks/bench_export.py). Set when segpipe's API is imported, so
-    Python callers get it as the CLI does."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass  # not glibc
-
-
-limit_malloc_arenas()
-
-
 def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
     """The results in `store`, read only.
 
@@ -366,11 +350,12 @@ def run(
     """
     from segpipe import runner
     from segpipe.dask.client import connect
-    from segpipe.stages.export.stage import FORMATS, RUN_FORMATS
+    from segpipe.stages.export.formats import run_formats
+    from segpipe.stages.export.stage import FORMATS
     from segpipe.store.lock import store_lock
     from segpipe.store.retention import check_keep, refuse_on_dask
 
-    exports = RUN_FORMATS if exports is None else list(exports)
+    exports = run_formats() if exports is None else list(exports)
     unknown = [f for f in exports if f not in FORMATS]
     if unknown:
         raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")

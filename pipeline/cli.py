@@ -471,7 +471,8 @@ def export(store, fmt, out, **options):
 @click.option(
     "--export",
     "exports",
-    default="davis,vis-json,overlay",
+    default=None,
+    show_default="davis,vis-json,overlay",
     help="Export formats after tracking (comma list, or 'none'), into STORE's "
     "sibling folder <store name>.export/.",
 )
@@ -503,7 +504,11 @@ def run(video, store, prompts, exports, **options):
           --workers 2
     """
     formats = (
-        [] if exports.strip() == "none" else [f.strip() for f in exports.split(",") if f.strip()]
+        None
+        if exports is None
+        else []
+        if exports.strip() == "none"
+        else [f.strip() for f in exports.split(",") if f.strip()]
     )
     with writing(store):
         api.run(video, store, prompts, exports=formats, **api_options(options))

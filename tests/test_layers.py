@@ -198,7 +198,7 @@ def test_a_module_imports_no_more_than_it_needs():
 
 def test_no_private_name_crosses_a_module():
     """A name with a leading underscore is its module's own: no other module of the package
-    imports it (a name two modules share is public, and documented as such)."""
+    imports it (`from segpipe.m import _x`; a name two modules share is public)."""
     found = modules()
     crossing = []
     for name, path in found.items():

@@ -385,8 +385,8 @@ def test_kill_9_with_the_decode_read_ahead_in_flight_then_rerun(small, keep_all,
         forward = set(ledger_records(store, "track_forward"))
     finally:
         proc.kill()
-        proc.wait()
-    assert tracked, "chunk 3 was not tracked while chunk 4 was decoded ahead"
+        _, err = proc.communicate()
+    assert tracked, f"chunk 3 was not tracked while chunk 4 was decoded ahead: {err[-2000:]}"
     assert forward == {1, 2, 3}, forward  # killed with chunk 4's read-ahead in flight
     reader = Path(str(flag) + ".thread").read_text()
     assert reader.startswith("segpipe-frames"), reader  # the read-ahead, not the pass itself

@@ -45,10 +45,14 @@ STAGE_OUTPUTS = {
 
 
 def ledgers(store: RunStore, stage: str) -> list[str]:
-    """The ledgers `stage` owns in `store`: its own, and for the exports one per export the
-    store records (any registered format, and the dataset command's `vos`)."""
+    """The ledgers `stage` owns in `store`: its own, and for the exports one per export,
+    `export_<name>` (any registered format, and the dataset command's `vos`): those the
+    store records, and any on disk without a record."""
     if stage == "export":
-        return [f"export_{name}" for name in store.attrs.get("exports", {})]
+        folder = store.path / "ledger"
+        on_disk = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+        recorded = [f"export_{name}" for name in store.attrs.get("exports", {})]
+        return sorted({*recorded, *(n for n in on_disk if n.startswith("export_"))})
     return STAGE_OUTPUTS[stage]["ledgers"]
 
 

@@ -135,7 +135,7 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
     async def export(request: Request):
         """
         summary: Export the tracked masks into the store's export folder, in the background
-        description: 'Body {"format": "davis" | "vis-json" | "overlay" | "frames" | "cvat"}.'
+        description: 'Body {"format": NAME}, a registered format (as in /api/info formats).'
         """
         body = await _json(request)
         if not isinstance(body, dict):

@@ -1,7 +1,10 @@
 """The export formats: one registry, from which the CLI's choices, the API's checks, `run`'s
 default exports, the output names and the studio's export menu all come. A new format is a
-writer (`start`, `chunk`, `finish`: see `writers.py`) and one `register(ExportFormat(...))`;
-its ledger (`export_<name>`) and its record in the store come with it."""
+writer (`start`, `chunk`, `finish`: see `writers.py`) and one `register(ExportFormat(...))`
+(the built-in ones register at the end of `writers.py`); its ledger (`export_<name>`) and
+its record in the store come with it. A format is registered in the process that imports
+its module: the command line and Dask workers offer those segpipe's own modules register
+(no plugin discovery yet)."""
 
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ FORMATS: dict[str, ExportFormat] = {}
 
 
 def register(fmt: ExportFormat) -> ExportFormat:
-    """Add `fmt` to the formats every command, the API and the studio offer."""
+    """Add `fmt` to the formats every command, the API and the studio offer (a name taken
+    is refused: a format never silently replaces another)."""
+    if fmt.name in FORMATS:
+        raise ValueError(f"export format {fmt.name!r} is registered already")
     FORMATS[fmt.name] = fmt
     return fmt
 
