@@ -173,42 +173,28 @@ def test_prompts_are_checked_before_any_work(small, tmp_path):
     with av.open(str(video)) as container:
         for i, frame in enumerate(container.decode(video=0)):
             frame.to_image().save(folder / f"{i:05d}.jpg")
-    store = tmp_path / "folder.zarr"
     late = write_prompts(tmp_path / "late.json", [{**point, "frame": 30}])
-    proc = segpipe(
-        "run",
-        folder,
-        "--store",
-        store,
-        "--prompts",
-        late,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-    )
-    assert_user_error(proc, "frame 30 is out of range", "0..23")
-    assert not store.exists()
 
-    store = tmp_path / "video.zarr"
-    proc = segpipe(
-        "run",
-        video,
-        "--store",
-        store,
-        "--prompts",
-        late,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-    )
-    assert_user_error(proc, "frame 30 is out of range", "0..23")
-    assert not store.exists()  # the MP4 records its frame count: refused before decoding
+    def run_late(source, store):
+        return segpipe(
+            "run",
+            source,
+            "--store",
+            store,
+            "--prompts",
+            late,
+            "--chunk-size",
+            4,
+            "--image-size",
+            128,
+            "--random-weights",
+            0,
+        )
+
+    # a frame folder, and an MP4 (which records its frame count): refused before decoding
+    for source, store in ((folder, tmp_path / "folder.zarr"), (video, tmp_path / "video.zarr")):
+        assert_user_error(run_late(source, store), "frame 30 is out of range", "0..23")
+        assert not store.exists()
 
     import make_sample
 
@@ -217,21 +203,7 @@ def test_prompts_are_checked_before_any_work(small, tmp_path):
         frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
     make_sample.write_video(stream, frames)
     store = tmp_path / "stream.zarr"
-    proc = segpipe(
-        "run",
-        stream,
-        "--store",
-        store,
-        "--prompts",
-        late,
-        "--chunk-size",
-        4,
-        "--image-size",
-        128,
-        "--random-weights",
-        0,
-    )
-    assert_user_error(proc, "frame 30 is out of range", "0..23")
+    assert_user_error(run_late(stream, store), "frame 30 is out of range", "0..23")
     from segpipe.store.runstore import RunStore
 
     decoded = RunStore.open(store)

@@ -10,13 +10,12 @@ import http.client
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import IMAGE_SIZE, assert_user_error, segpipe, tree_digest
 from test_studio import fetch
-from test_studio_writes import POINT, made, mount, one_line_error  # noqa: F401 - a fixture
+from test_studio_writes import POINT, made, one_line_error, read_only_copy  # noqa: F401
 
 from segpipe import limits
 from segpipe import prompts as prompt_file
@@ -171,18 +170,10 @@ def test_a_fifo_as_the_video_or_the_prompts_is_refused_before_it_is_opened(store
 def test_a_read_only_file_system_is_said_as_such(made, small, tmp_path):  # noqa: F811
     """A command on a store it cannot write said "run the same command again", which would
     fail again: it says the file system cannot be written."""
-    writable, ro = tmp_path / "rw", tmp_path / "ro"
-    writable.mkdir()
-    ro.mkdir()
-    shutil.copytree(made, writable / "clip.zarr")
-    mount("--bind", writable, ro)
-    try:
-        mount("-o", "remount,ro,bind", ro)
-        proc = segpipe("track", "--store", ro / "clip.zarr", "--prompts", small / "prompts.json")
+    with read_only_copy(made, tmp_path) as store:
+        proc = segpipe("track", "--store", store, "--prompts", small / "prompts.json")
         assert_user_error(proc, "Read-only file system", "cannot write there")
         assert "again" not in proc.stderr, proc.stderr
-    finally:
-        subprocess.run(["umount", str(ro)])
 
 
 def test_a_prompt_past_the_end_is_refused_before_decoding(small, tmp_path):

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,21 @@ def mount(*argv) -> None:
         pytest.fail(f"cannot mount: {error}")
 
 
+@contextmanager
+def read_only_copy(made: Path, tmp_path: Path):
+    """A copy of the store `made` on a read-only bind mount: its path, for the block."""
+    writable, ro = tmp_path / "rw", tmp_path / "ro"
+    writable.mkdir()
+    ro.mkdir()
+    shutil.copytree(made, writable / made.name)
+    mount("--bind", writable, ro)
+    try:
+        mount("-o", "remount,ro,bind", ro)
+        yield ro / made.name
+    finally:
+        subprocess.run(["umount", str(ro)])
+
+
 def one_line_error(status_and_body, status: int, *words) -> str:
     got, data, _ = status_and_body
     error = json.loads(data)["error"]
@@ -60,14 +76,7 @@ def test_a_read_only_file_system_makes_the_studio_read_only(made, tmp_path):
     is unchanged."""
     from segpipe.web.server import StudioServer
 
-    writable, ro = tmp_path / "rw", tmp_path / "ro"
-    writable.mkdir()
-    ro.mkdir()
-    shutil.copytree(made, writable / "clip.zarr")
-    mount("--bind", writable, ro)
-    try:
-        mount("-o", "remount,ro,bind", ro)
-        store = ro / "clip.zarr"
+    with read_only_copy(made, tmp_path) as store:
         digest = tree_digest(store)
         server = StudioServer(store, port=0).start()
         try:
@@ -83,8 +92,6 @@ def test_a_read_only_file_system_makes_the_studio_read_only(made, tmp_path):
         finally:
             server.stop()
         assert tree_digest(store) == digest
-    finally:
-        subprocess.run(["umount", str(ro)])
 
 
 def test_a_full_disk_is_a_507_in_one_line_and_the_store_is_left_intact(made, tmp_path):
