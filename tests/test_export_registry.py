@@ -53,7 +53,7 @@ class PixelCounts:
 @pytest.fixture
 def pixels():
     """The format registered for the test, and taken away after it."""
-    fmt = register(ExportFormat("pixels", PixelCounts, "pixels", "mask pixels", label="pixels"))
+    fmt = register(ExportFormat("pixels", PixelCounts, "pixels", label="pixels"))
     yield fmt
     FORMATS.pop("pixels")
 

@@ -18,7 +18,6 @@ class ExportFormat:
     name: str  # as `--format` takes it ("davis")
     writer: type  # made from a `writers.Job`: start(), chunk(k, lo, hi, batches), finish(chunks)
     output: str  # its file or folder name in `<store name>.export/` ("masks.json")
-    help: str  # what it is, in a few words (the CLI's help)
     single_file: bool = False  # one file (given a folder, `output` is written into it)
     needs_source: bool = False  # reads the source video again (an overlay)
     label: str | None = None  # the studio's menu entry (None: not offered there)

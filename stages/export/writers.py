@@ -457,7 +457,6 @@ register(
         "davis",
         DavisWriter,
         "davis",
-        "indexed PNG per frame",
         label="DAVIS PNGs",
         in_run=True,
     )
@@ -467,7 +466,6 @@ register(
         "vis-json",
         VisJsonWriter,
         "masks.json",
-        "YouTube-VIS RLE JSON",
         single_file=True,
         label="vis-json",
         in_run=True,
@@ -478,7 +476,6 @@ register(
         "overlay",
         OverlayWriter,
         "overlay.mp4",
-        "MP4 of the masks over the video",
         single_file=True,
         needs_source=True,
         label="overlay.mp4",
@@ -490,7 +487,6 @@ register(
         "frames",
         OverlayFramesWriter,
         "overlay_frames",
-        "the overlay as a folder of JPEGs",
         needs_source=True,
     )
 )
@@ -499,7 +495,6 @@ register(
         "cvat",
         CvatWriter,
         "annotations.xml",
-        "CVAT for video 1.1 XML (mask tracks, to correct in CVAT)",
         single_file=True,
         label="CVAT XML",
     )
