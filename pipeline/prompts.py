@@ -248,8 +248,10 @@ def _parse(i, entry, base: Path, frame_count, width, height, budget: Budget) -> 
             fail(f"box {_short(box)} is not an ordered box inside the {width}x{height} frame")
         box = tuple(float(c) for c in box)
     if "mask" in entry:
-        budget.take(0, 1)
+        budget.take(1, 1)  # before its mask is decoded
         mask = _load_mask(entry["mask"], base, width, height, fail)
+    else:
+        budget.take(1)
     return [Prompt(obj, frame, points, labels, box, mask)]
 
 

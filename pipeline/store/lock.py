@@ -56,16 +56,10 @@ def lock_path(store: Path) -> Path:
 def store_lock(store: Path):
     path = lock_path(store)
     with _guard:
-        if path in _held:
-            if _held[path][2] != threading.get_ident():
-                raise StoreLocked(
-                    f"store {store} is in use by another thread of this process "
-                    f"(pid {os.getpid()}); one writer per store"
-                )
+        if path in _held and _held[path][2] == threading.get_ident():
             _held[path][1] += 1
         else:
-            token = uuid.uuid4().hex
-            _held[path] = [_acquire(path, store, token), 1, threading.get_ident(), token]
+            _take(path, store, threading.get_ident())
     try:
         yield
     finally:
@@ -73,6 +67,18 @@ def store_lock(store: Path):
             _held[path][1] -= 1
             if _held[path][1] == 0:
                 _release(path, _held.pop(path)[0])
+
+
+def _take(path: Path, store, owner) -> None:
+    """Take the lock at `path` for the thread `owner` (None: a `Claim` not taken over yet),
+    refused where another thread of this process holds it; under `_guard`."""
+    if path in _held:
+        raise StoreLocked(
+            f"store {store} is in use by another thread of this process "
+            f"(pid {os.getpid()}); one writer per store"
+        )
+    token = uuid.uuid4().hex
+    _held[path] = [_acquire(path, store, token), 1, owner, token]
 
 
 class Claim:
@@ -84,13 +90,7 @@ class Claim:
     def __init__(self, store: Path):
         self.path = lock_path(store)
         with _guard:
-            if self.path in _held:
-                raise StoreLocked(
-                    f"store {store} is in use by another thread of this process "
-                    f"(pid {os.getpid()}); one writer per store"
-                )
-            token = uuid.uuid4().hex
-            _held[self.path] = [_acquire(self.path, store, token), 1, None, token]
+            _take(self.path, store, None)
 
     @contextmanager
     def held(self):
