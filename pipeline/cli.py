@@ -45,8 +45,8 @@ def decode_options(f):
         "--fps",
         type=float,
         default=None,
-        show_default="24 for a frame folder",
-        help="Frame rate of a folder of frames (a video file has its own).",
+        show_default="24 for frames without a clock",
+        help="Frame rate of a frame folder or a TIFF stack (a video file has its own).",
     )(f)
     f = click.option(
         "--stream",
@@ -313,7 +313,8 @@ def cli():
 @NO_SPACE_CHECK
 @QUIET
 def decode(video, store, **options):
-    """Decode VIDEO (a video file, or a folder of numbered JPEG/PNG frames) into the store's
+    """Decode VIDEO (a video file, a folder of numbered JPEG/PNG frames, or a TIFF stack: a
+    multi-page file or a folder of numbered TIFFs, 8 or 16 bits) into the store's
     model-input frames, upright. First prints the storage estimate (frames measured on a
     sample of the video) and refuses if the frames need more than the free space.
 
@@ -321,6 +322,7 @@ def decode(video, store, **options):
     Example:
       segpipe decode clip.mp4 --store clip.zarr --chunk-size 4 --image-size 256
       segpipe decode DAVIS/JPEGImages/480p/clip --store frames.zarr --image-size 256
+      segpipe decode cells.tif --store cells.zarr --fps 2
     """
     with writing(store):
         api.decode(video, store, **api_options(options))
@@ -549,9 +551,10 @@ def run(video, store, prompts, exports, **options):
     help="Which video stream of a file with several.",
 )
 def frame(source, at, out, grid, stream):
-    """Write frame N of SOURCE (a video, a frame folder, or a store: its source video) as a
-    PNG at the video's own size, upright, with a labelled pixel grid: read the coordinates of
-    your prompts off it (x right, y down, as the prompts file takes them).
+    """Write frame N of SOURCE (a video, a frame folder, a TIFF stack, or a store: its
+    source) as a PNG at the video's own size, upright, as the model sees it (16-bit TIFFs
+    through the store's window), with a labelled pixel grid: read the coordinates of your
+    prompts off it (x right, y down, as the prompts file takes them).
 
     \b
     Example:
@@ -727,7 +730,7 @@ def repair(store, **options):
 @DEVICE
 def studio(path, **options):
     """Prompt, review and correct the tracking in the browser, over the store: PATH is a store,
-    or a video / frame folder (decoded into --store first). Prints the URL; Ctrl-C stops.
+    or a video / frame folder / TIFF stack (decoded into --store first). Prints the URL; Ctrl-C stops.
 
     \b
     Example:

@@ -650,7 +650,12 @@ def from_store(
 
 
 def _claim(video: dict) -> str:
-    return "counted in the folder" if video.get("kind") == "frames" else "as the container claims"
+    from segpipe.sources.registry import named
+
+    kind = named(video.get("kind"))
+    if not kind.counted:
+        return "as the container claims"
+    return "counted in the folder" if kind.folder else "counted in the file"
 
 
 def before_decode(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
-from segpipe.sources.video import probe
+from segpipe.sources.registry import named, probe
 from segpipe.stages.decode import decode as decode_stage
 from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import FORMATS
@@ -101,7 +101,7 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> 
     info = probe(Path(video), stream, fps)
     known = (
         info.claimed_frames
-        if info.kind == "frames"
+        if named(info.kind).counted
         else max(info.container_frames, info.claimed_frames)  # the container's two claims
         if info.container_frames
         else 1 << 62

@@ -12,7 +12,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from segpipe.errors import BadInput
-from segpipe.sources.video import iter_frames, probe
+from segpipe.sources.registry import iter_frames, probe
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader, stored_source
 
@@ -26,10 +26,10 @@ def frame_image(path, at: int, stream: int | None = None) -> tuple[Image.Image, 
         return _from_store(RunStore.open(path, read_only=True), at)
     if not path.exists():
         raise BadInput(f"no video, frame folder or store at {path}")
-    probe(path, stream)  # refuses what is not a readable video, in one line
+    info = probe(path, stream)  # refuses what is not a readable video, in one line
     if at < 0:
         raise BadInput(f"--at must be a frame index >= 0, got {at}")
-    for _, _, picture in iter_frames(path, at, stream_index=stream):
+    for _, _, picture in iter_frames(path, at, info.as_attrs()):
         return picture().convert("RGB"), f"frame {at} of {path}"
     raise BadInput(f"{path} has fewer than {at + 1} frames: no frame {at}")
 

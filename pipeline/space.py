@@ -54,7 +54,7 @@ def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] |
     from numcodecs import Zstd
 
     from segpipe.sources.frames import model_input
-    from segpipe.sources.video import sample
+    from segpipe.sources.registry import sample
 
     n = max(1, min(C, SAMPLE_FRAMES))
     runs = []

@@ -56,7 +56,9 @@ def describe(store_path, now: float | None = None) -> dict:
         "frames": T,
         "chunk_size": C,
         "image_size": attrs["image_size"],
-        "video": {k: attrs["video"].get(k) for k in ("width", "height", "fps")},
+        "video": {
+            k: attrs["video"].get(k) for k in ("width", "height", "fps", "kind", "intensity")
+        },
         "model": attrs.get("model"),
         "running": running,
         "objects": _objects(attrs.get("track")),
@@ -234,6 +236,9 @@ def _head(report: dict) -> list[str]:
         f"source   {report['source']}  {video['width']}x{video['height']}, {video['fps']:g} fps, "
         f"{frames} frames; chunks of {report['chunk_size']}, image size {report['image_size']}",
     ]
+    if video.get("intensity"):
+        lo, hi = video["intensity"]
+        lines.append(f"         16-bit samples {lo}..{hi} mapped to 0..255 (the model's input)")
     if report["model"]:
         m = report["model"]
         lines.append(

@@ -17,8 +17,8 @@ from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.fsutil import fsync_path, resolved
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
-from segpipe.sources.identity import file_identity, same_file
-from segpipe.sources.video import DecodeError, is_damage, probe, video_streams
+from segpipe.sources.registry import identity, named, probe, same_source
+from segpipe.sources.video import DecodeError, is_damage, video_streams
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import drop, restored
 from segpipe.store.runstore import RunStore
@@ -49,10 +49,6 @@ def open_or_create_store(
             raise BadInput(f"{name} must be a positive integer, got {value}")
     if image_size is not None and image_size % 32:
         raise BadInput(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
-    if Path(video).is_dir() and stream is not None:
-        raise BadInput("--stream is for video files; a frame folder has one sequence")
-    if Path(video).is_file() and fps is not None:
-        raise BadInput("--fps is for frame folders; a video file has its own timing")
     info = probe(video, stream, fps)
     C, S = chunk_size or DEFAULT_CHUNK_SIZE, image_size or DEFAULT_IMAGE_SIZE
     if RunStore.exists(store_path):
@@ -78,7 +74,7 @@ def open_or_create_store(
     return RunStore.create(
         store_path,
         {
-            "source": {"path": str(resolved(video)), **file_identity(video)},
+            "source": {"path": str(resolved(video)), **identity(video)},
             "video": info.as_attrs(),
             "chunk_size": C,
             "image_size": S,
@@ -89,7 +85,7 @@ def open_or_create_store(
 def say_which_stream(video: Path, info, chosen: bool) -> None:
     """With several video streams, name the one used and how to choose another (a warning:
     it decides what is segmented)."""
-    if info.kind == "video":
+    if named(info.kind).streams:
         streams = video_streams(video)
         if len(streams) > 1:
             how = "as asked" if chosen else "the default; --stream N chooses another"
@@ -108,7 +104,7 @@ def check_store(
     store: RunStore, video: Path, chunk_size, image_size, stream=None, fps=None
 ) -> None:
     source = store.attrs["source"]
-    if not same_file(source, video):
+    if not same_source(source, video):
         raise StoreMismatch(
             f"store {store.path} was made from another video ({source['path']}, "
             f"sha256 {source['sha256'][:12]}), not {video}"

@@ -511,6 +511,9 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
         png.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * 756)
         png.save(notes / f"{t:05d}.png")
     (tmp_path / "val.txt").write_text("clip\n")
+    import tifffile
+
+    tifffile.imwrite(tmp_path / "cells.tif", frames[..., 1])  # a grey stack, as microscopes save
 
     order = ["decode", "encode", "track", "export", "run", "studio", "frame", "dataset"]
     order += ["repair", "status", "evaluate", None]

@@ -23,14 +23,17 @@ LAYERS = {
         "segpipe.plan",
         "segpipe.prompts",
     ],
-    # a video file or a frame folder, as PyAV and Pillow read it
+    # the source kinds (a video file, a frame folder, a TIFF stack) and their registry
     "sources": [
         "segpipe.sources",
         "segpipe.sources.info",
-        "segpipe.sources.folder",
-        "segpipe.sources.video",
         "segpipe.sources.identity",
+        "segpipe.sources.base",
+        "segpipe.sources.folder",
+        "segpipe.sources.tiff",
+        "segpipe.sources.video",
         "segpipe.sources.frames",
+        "segpipe.sources.registry",
     ],
     # the zarr store: its lock, ledger, layout and what it records
     "store": [

@@ -17,6 +17,8 @@ from pathlib import Path
 from PIL import Image
 
 from segpipe.errors import BadInput
+from segpipe.sources.base import SourceKind
+from segpipe.sources.info import VideoInfo
 
 JPEG = {".jpg", ".jpeg", ".JPG", ".JPEG"}  # exactly what SAM 2's loader lists
 PNG = {".png", ".PNG"}
@@ -26,17 +28,27 @@ DEFAULT_FPS = 24.0
 def frame_files(folder: Path) -> list[Path]:
     """The folder's frame files in SAM 2's order: its JPEGs, as SAM 2 lists them (other
     files, PNG masks among them, ignored), or, in a folder without JPEGs, its PNGs."""
-    entries = [p for p in folder.iterdir() if p.is_file()]
+    entries = files_in(folder)
     files = [p for p in entries if p.suffix in JPEG] or [p for p in entries if p.suffix in PNG]
+    if not files:
+        raise BadInput(f"no frames in folder {folder} (JPEG, PNG or TIFF files named by number)")
+    return numbered(files)
+
+
+def files_in(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.is_file()]
+
+
+def numbered(files: list[Path]) -> list[Path]:
+    """Frame files ordered as SAM 2 orders them: by the integer value of the name; a name
+    that is not a number, or two files of one number, refused."""
     for p in files:
         if not (p.stem.isascii() and p.stem.isdecimal()):
             raise BadInput(
                 f"frame file {p} is not named by its number (SAM 2 orders frames "
                 f"by the number in the name, e.g. 00042.jpg)"
             )
-    if not files:
-        raise BadInput(f"no frames in folder {folder} (JPEG or PNG files named by number)")
-    files.sort(key=lambda p: int(p.stem))
+    files = sorted(files, key=lambda p: int(p.stem))
     for a, b in zip(files, files[1:]):
         if int(a.stem) == int(b.stem):
             raise BadInput(f"frame files {a.name} and {b.name} have the same number")
@@ -44,8 +56,6 @@ def frame_files(folder: Path) -> list[Path]:
 
 
 def probe(folder: Path, fps: float | None):
-    from segpipe.sources.info import VideoInfo
-
     files = frame_files(folder)
     size = None
     for p in files:  # headers only: every frame must have the first one's size
@@ -61,11 +71,16 @@ def probe(folder: Path, fps: float | None):
                 f"frame {p} is {this[0]}x{this[1]}, the first frame {files[0].name} "
                 f"is {size[0]}x{size[1]}: a folder's frames must share one size"
             )
+    return counted_info(size, fps, len(files), FrameFolder.name)
+
+
+def counted_info(size: tuple[int, int], fps: float | None, count: int, kind: str, **more):
+    """A `VideoInfo` for frames without a clock: frame t at t / fps (`--fps`, else 24)."""
     fps = float(fps or DEFAULT_FPS)
     if fps <= 0:
         raise BadInput(f"--fps must be positive, got {fps}")
     rate = Fraction(fps).limit_denominator(1001)
-    return VideoInfo(size[0], size[1], fps, str(rate), str(1 / rate), len(files), kind="frames")
+    return VideoInfo(size[0], size[1], fps, str(rate), str(1 / rate), count, kind=kind, **more)
 
 
 def iter_frames(folder: Path, start: int):
@@ -88,23 +103,64 @@ class FramePicture:
             raise BadInput(f"unreadable image {self.path} ({type(e).__name__}: {e})") from None
 
 
-def identity(folder: Path) -> dict:
-    """How a store recognises its frame folder: the listing (each frame's name, size and
+def identity(files: list[Path]) -> dict:
+    """How a store recognises a frame folder: the listing (each frame's name, size and
     mtime, hashed: a renamed or replaced frame changes it) and a sha256 of the frames' names
     and contents (decides when the listing changed but the frames may not have)."""
     digest, size = hashlib.sha256(), 0
-    for p in frame_files(folder):
+    for p in files:
         size += p.stat().st_size
         digest.update(p.name.encode() + b"\0")
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
-    return {"size": size, "listing": listing(folder), "sha256": digest.hexdigest()}
+    return {"size": size, "listing": listing(files), "sha256": digest.hexdigest()}
 
 
-def listing(folder: Path) -> str:
+def listing(files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for p in frame_files(folder):
+    for p in files:
         stat = p.stat()
         digest.update(f"{p.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
+
+
+class NumberedFiles(SourceKind):
+    """A folder of frame files named by their number: its identity is its listing."""
+
+    folder = True
+    named_frames = True
+
+    def files(self, folder: Path) -> list[Path]:
+        raise NotImplementedError
+
+    def identity(self, path: Path) -> dict:
+        return identity(self.files(Path(path)))
+
+    def same(self, recorded: dict, path: Path) -> bool:
+        files = self.files(Path(path))
+        return listing(files) == recorded.get("listing") or (
+            identity(files)["sha256"] == recorded["sha256"]
+        )
+
+    def frame_names(self, path: Path) -> list[str] | None:
+        """The frame files' stems; None where the folder is gone (outputs are numbered)."""
+        return [p.stem for p in self.files(Path(path))] if Path(path).is_dir() else None
+
+
+class FrameFolder(NumberedFiles):
+    """JPEG (or PNG) frames, SAM 2's own input."""
+
+    name, what = "frames", "a frame folder"
+
+    def claims(self, path: Path) -> bool:
+        return path.is_dir()
+
+    def files(self, folder: Path) -> list[Path]:
+        return frame_files(folder)
+
+    def probe(self, path, stream, fps):
+        return probe(Path(path), fps)
+
+    def frames(self, path, start, video=None, before_pts=None, is_before=None):
+        return iter_frames(Path(path), start)

@@ -1,5 +1,6 @@
-"""How a store recognises its source: size, modification time and sha256 of a file (or a
-frame folder's listing), checked cheaply on every run."""
+"""How a store recognises a source file (or a weights file): its size, modification time
+and sha256, checked cheaply on every run. A folder's identity is its listing
+(`folder.identity`); `registry.identity` picks the one for a source."""
 
 from __future__ import annotations
 
@@ -8,12 +9,7 @@ from pathlib import Path
 
 
 def file_identity(path: Path) -> dict:
-    """Size, modification time and sha256 of a file (or a frame folder): how a store
-    recognises its source."""
-    if Path(path).is_dir():
-        from segpipe.sources.folder import identity
-
-        return identity(Path(path))
+    """Size, modification time and sha256 of a file."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -26,12 +22,6 @@ def same_file(recorded: dict, path: Path) -> bool:
     """Whether `path` is still the file `recorded` describes. Hashing hours of video on every
     run costs seconds to minutes, so an unchanged size and modification time are trusted;
     anything else is decided by the sha256."""
-    if Path(path).is_dir():
-        from segpipe.sources.folder import identity, listing
-
-        if listing(Path(path)) == recorded.get("listing"):
-            return True
-        return identity(Path(path))["sha256"] == recorded["sha256"]
     stat = Path(path).stat()
     size, mtime = stat.st_size, stat.st_mtime_ns
     if size != recorded["size"]:

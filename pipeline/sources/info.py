@@ -1,5 +1,5 @@
 """What a source holds: `VideoInfo` (size, rate, frame count, rotation, kind), as
-`probe` reads it from a video file or a frame folder and as the store records it."""
+a source kind's `probe` reads it and as the store records it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ class VideoInfo:
     claimed_frames: int  # about what a player shows (for progress); the truth is what decodes
     rotation: int = 0  # degrees counter-clockwise applied to make frames upright
     stream: int | None = None  # the container's stream index (None: a frame folder)
-    kind: str = "video"  # "video" or "frames" (a folder)
+    kind: str = "video"  # the source kind's name: "video", "frames" (a folder), "tiff"...
     coded_size: tuple[int, int] | None = None  # (width, height) before the rotation
     start_time: float = 0.0  # seconds: the stream's first time
     duration: float | None = None  # seconds the container records for the video stream
     container_frames: int | None = None  # the frame count the container records, if any
+    intensity: tuple[int, int] | None = None  # 16-bit sources: the window mapped to 0..255
 
     def as_attrs(self) -> dict:
-        return {
+        more = {"intensity": list(self.intensity)} if self.intensity else {}
+        return more | {
             "width": self.width,
             "height": self.height,
             "fps": self.fps,

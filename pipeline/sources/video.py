@@ -1,5 +1,5 @@
-"""Reading sources: a video file with PyAV, or a folder of frames (SAM 2's own input), probed
-and streamed from a given frame as upright RGB pictures.
+"""A video file as a source, read with PyAV: probed, and streamed from a given frame (by a
+proven seek, else by counting) as upright RGB pictures.
 
 A picture is a zero-argument callable giving the frame as an upright RGB `PIL.Image`: the
 conversion (and the rotation a phone's display matrix asks for) runs wherever the caller
@@ -18,7 +18,7 @@ from PIL import Image
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import regular_file
-from segpipe.sources import folder
+from segpipe.sources.base import Loaded, SourceKind
 from segpipe.sources.info import VideoInfo
 
 # PIL transposes that show a frame upright, by the display matrix's counter-clockwise
@@ -71,11 +71,8 @@ def video_streams(path: Path) -> list[str]:
 
 
 def probe(path: Path, stream_index: int | None = None, fps: float | None = None) -> VideoInfo:
-    """Open the video (or frame folder) and decode its first frame: a source that cannot
-    give one is refused."""
+    """Open the video and decode its first frame: a video that cannot give one is refused."""
     path = Path(path)
-    if path.is_dir():
-        return folder.probe(path, fps)
     container, stream = open_video(path, stream_index)
     try:
         try:
@@ -147,7 +144,7 @@ def iter_frames(
     is_before: Callable[["Picture"], bool] | None = None,
 ) -> Iterator[tuple[int | None, float, "Picture"]]:
     """Yield (pts, seconds, picture) from frame index `start` on: the one way segpipe picks a
-    source up again (resumed decode, repair, overlay export). A frame folder is indexed.
+    source up again (resumed decode, repair, overlay export).
 
     `before_pts` is the stored pts of frame start-1 and `is_before` tells whether a decoded
     picture is that stored frame. A seek is used only when it is proven to have landed on a
@@ -161,9 +158,6 @@ def iter_frames(
 
     `rotation` is the rotation recorded for the source: a frame that reports another one
     is refused rather than stored sideways."""
-    if Path(path).is_dir():
-        yield from folder.iter_frames(Path(path), start)
-        return
     if start > 0 and before_pts is not None and before_pts >= 0:
         for back in SEEK_BACKOFF_S:
             frames = _seek_frames(path, before_pts, back, stream_index, rotation, is_before)
@@ -176,27 +170,15 @@ def iter_frames(
 def sample(path: Path, info: VideoInfo, start: int, n: int) -> list:
     """`n` pictures from about frame `start`, loaded (a hint for estimates: a video file is
     sought to that frame's time, so the position need not be exact)."""
-    if Path(path).is_dir():
-        return list(itertools.islice((p for _, _, p in folder.iter_frames(Path(path), start)), n))
     container, stream = open_video(path, info.stream)
     try:
         if start and info.fps:
             target = (info.start_time + start / info.fps) / stream.time_base
             container.seek(int(target), stream=stream, backward=True, any_frame=False)
         frames = list(itertools.islice(_decode(container, stream), n))
-        return [_Loaded(Picture(f)()) for f in frames]  # converted while the container is open
+        return [Loaded(Picture(f)()) for f in frames]  # converted while the container is open
     finally:
         container.close()
-
-
-class _Loaded:
-    """A picture already made an image."""
-
-    def __init__(self, image: Image.Image):
-        self.image = image
-
-    def __call__(self) -> Image.Image:
-        return self.image
 
 
 class Picture:
@@ -315,3 +297,26 @@ def is_damage(e: BaseException) -> bool:
 def _reason(e: Exception) -> str:
     text = getattr(e, "strerror", None) or str(e)
     return text.splitlines()[0] if text.strip() else type(e).__name__
+
+
+class VideoFile(SourceKind):
+    """A video file, as FFmpeg reads it: what no other kind claims."""
+
+    name, what = "video", "a video file"
+    timed = streams = fallback = True
+    counted = False  # the container's count is a claim: the truth is what decodes
+
+    def claims(self, path: Path) -> bool:
+        return True
+
+    def probe(self, path, stream, fps):
+        return probe(path, stream)
+
+    def frames(self, path, start, video=None, before_pts=None, is_before=None):
+        video = video or {}
+        return iter_frames(
+            path, start, before_pts, video.get("stream"), video.get("rotation"), is_before
+        )
+
+    def sample(self, path, info, start, n):
+        return sample(path, info, start, n)

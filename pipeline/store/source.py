@@ -9,8 +9,7 @@ import numpy as np
 
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.sources.frames import frame_digests, model_input
-from segpipe.sources.identity import same_file
-from segpipe.sources.video import iter_frames
+from segpipe.sources.registry import iter_frames, named, same_source
 from segpipe.store.retention import has
 from segpipe.store.runstore import RunStore
 
@@ -34,8 +33,8 @@ def source_from(store: RunStore, video: Path, start: int):
                 check = lambda picture: np.array_equal(  # noqa: E731
                     frame_digests(model_input(picture, S)[None])[0], digest
                 )
-    frames = iter_frames(video, start, before, attrs.get("stream"), attrs.get("rotation"), check)
-    if attrs.get("kind") == "frames":  # a folder's frame t is at t / fps, the store's setting
+    frames = iter_frames(video, start, attrs, before, check)
+    if not named(attrs.get("kind")).timed:  # frame t is at t / fps, the store's setting
         return ((t, t / attrs["fps"], picture) for t, _, picture in frames)
     return frames
 
@@ -49,7 +48,7 @@ def stored_source(store: RunStore) -> Path:
             f"the source video {source} is gone: chunks whose frames are not in "
             f"the store cannot be decoded again"
         )
-    if not same_file(store.attrs["source"], source):
+    if not same_source(store.attrs["source"], source):
         raise BadInput(
             f"the source video {source} changed since it was decoded: chunks "
             f"whose frames are not in the store cannot be decoded again"

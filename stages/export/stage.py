@@ -13,7 +13,7 @@ from segpipe import log
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.fsutil import resolved
 from segpipe.plan import ChunkPlan
-from segpipe.sources.identity import same_file
+from segpipe.sources.registry import named, same_source
 from segpipe.stages.export.formats import FORMATS, run_formats
 from segpipe.stages.export.writers import Job, remove_parts  # (registers the formats)
 from segpipe.store.lock import holds_store_lock
@@ -58,17 +58,13 @@ def check_source(store: RunStore, source: Path) -> None:
     """The overlay re-decodes the original file: it must still be the same video."""
     if not source.exists():
         raise BadInput(f"overlay re-decodes the source video, which is gone: {source}")
-    if not same_file(store.attrs["source"], source):
+    if not same_source(store.attrs["source"], source):
         raise BadInput(f"source video {source} changed since it was decoded; overlay refused")
 
 
 def _frame_names(store: RunStore, source: Path) -> list[str] | None:
-    """The frame files' names (stems) of a frame-folder source; None for a video file."""
-    if store.attrs["video"].get("kind") == "frames" and source.is_dir():
-        from segpipe.sources.folder import frame_files
-
-        return [p.stem for p in frame_files(source)]
-    return None
+    """The frame files' names (stems) of a folder source; None where frames are numbered."""
+    return named(store.attrs["video"].get("kind")).frame_names(source)
 
 
 class Export:
