@@ -271,10 +271,6 @@ def export(
     single = format in FORMATS and FORMATS[format].single_file
     if single and (str(out).endswith("/") or Path(out).is_dir()):
         out = Path(out) / FORMATS[format].output
-    if isinstance(frames, slice):
-        if frames.step not in (None, 1):
-            raise BadInput(f"frames must be a contiguous slice, got {frames!r}")
-        frames = f"{'' if frames.start is None else frames.start}:{'' if frames.stop is None else frames.stop}"
     if objects is not None and not isinstance(objects, str):
         objects = ",".join(str(int(o)) for o in objects)
     return export_stage(

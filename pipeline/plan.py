@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from segpipe.errors import BadInput
+
 
 @dataclass(frozen=True)
 class ChunkPlan:
@@ -117,14 +119,33 @@ def untracked_chunks(plan: ChunkPlan, direction: str, span: Span) -> list[int]:
     return [k for k in plan if k not in reached]
 
 
-def parse_window(text: str) -> tuple[int, int | None]:
-    """ "A:B" (frames A..B-1, as Python's range), "A:" (to the end) or ":B" -> (A, B or None)."""
-    a, sep, b = text.partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        lo = int(a) if a.strip() else 0
-        hi = int(b) if b.strip() else None
-    except ValueError:
-        raise ValueError(f"--frames must be A:B, A: or :B (frame numbers), got {text!r}") from None
+def frame_window(spec, T: int) -> tuple[int, int]:
+    """The frames [lo, hi) a `--frames` asks for, inside a video of T frames: "A:B" (frames
+    A..B-1, as Python's range), "A:" (to the end), ":B", a slice, or (A, B) (B None: to the
+    end). A window reaching outside the video's frames, or holding none, is refused: the
+    one reading of a frame window (track, export, the API and the studio)."""
+    if isinstance(spec, slice):
+        if spec.step not in (None, 1):
+            raise BadInput(f"a window of frames is frames A..B-1 in order, not {spec!r}")
+        spec = (spec.start or 0, spec.stop)
+    if isinstance(spec, str):
+        a, sep, b = spec.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            spec = (int(a) if a.strip() else 0, int(b) if b.strip() else None)
+        except ValueError:
+            raise BadInput(
+                f"--frames must be A:B, A: or :B (frame numbers), got {spec!r}"
+            ) from None
+    lo, hi = spec
+    lo, hi = int(lo), T if hi is None else int(hi)
+    if not 0 <= lo < T:
+        raise BadInput(f"--frames starts at frame {lo}, outside the video's frames 0..{T - 1}")
+    if hi <= lo:
+        raise BadInput(f"--frames {lo}:{hi} holds no frame (B must be greater than A)")
+    if hi > T:
+        raise BadInput(
+            f"--frames {lo}:{hi} ends past the video's frames 0..{T - 1} ({lo}: runs to the end)"
+        )
     return lo, hi

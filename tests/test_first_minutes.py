@@ -571,6 +571,7 @@ def test_a_bad_tracking_window_is_refused_in_one_line(small, untracked, tmp_path
     for frames, extra, words in (
         ("30:40", (), ("--frames starts at frame 30", "0..23")),
         ("6:6", (), ("holds no frame",)),
+        ("0:25", (), ("ends past the video's frames 0..23", "0: runs to the end")),
         ("a:b", (), ("--frames must be A:B",)),
         ("0:4", ("--direction", "forward"), ("no forward pass", "frame 5")),
         ("20:", ("--direction", "reverse"), ("no reverse pass",)),

@@ -12,7 +12,7 @@ from pathlib import Path
 from segpipe import log
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.fsutil import resolved
-from segpipe.plan import ChunkPlan
+from segpipe.plan import ChunkPlan, frame_window
 from segpipe.sources.registry import named, same_source
 from segpipe.stages.export.formats import FORMATS, run_formats
 from segpipe.stages.export.writers import Job, remove_parts  # (registers the formats)
@@ -22,19 +22,6 @@ from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import require_tracked, stored_track
 
 RUN_FORMATS = tuple(run_formats())  # what `run` exports unless told
-
-
-def parse_frames(spec: str | None, T: int) -> tuple[int, int]:
-    if spec is None:
-        return 0, T
-    try:
-        a, b = (part.strip() for part in spec.split(":"))
-        a, b = int(a) if a else 0, int(b) if b else T
-    except ValueError:
-        raise BadInput(f"--frames must be A:B (e.g. 0:100), got {spec!r}") from None
-    if not 0 <= a < b <= T:
-        raise BadInput(f"--frames {spec} is not a range inside the video's frames 0:{T}")
-    return a, b
 
 
 def parse_objects(spec: str | None, ids: list[int]) -> list[int]:
@@ -102,7 +89,7 @@ class Export:
         self.store, self.fmt, self.name = store, fmt, name or fmt
         T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
         all_ids = track["object_ids"]
-        self.range = a, b = parse_frames(frames, T)
+        self.range = a, b = (0, T) if frames is None else frame_window(frames, T)
         self.slots = parse_objects(objects, all_ids)
         ids = [all_ids[s] for s in self.slots]
         self.out = out = resolved(out)

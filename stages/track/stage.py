@@ -33,7 +33,7 @@ from segpipe.model import (
     resolve_weights,
     tracking_options,
 )
-from segpipe.plan import ChunkPlan, Span, parse_window, passes, untracked_chunks
+from segpipe.plan import ChunkPlan, Span, frame_window, passes, untracked_chunks
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
@@ -257,22 +257,7 @@ def check_window(store: RunStore, frames, prompts: list, direction: str, options
         frames = (store.attrs.get("track") or {}).get("frames")
         if frames is None:
             return None
-    if isinstance(frames, slice):
-        if frames.step not in (None, 1):
-            raise BadInput(f"a tracking window is frames A..B-1 in order, not {frames!r}")
-        frames = (frames.start or 0, frames.stop)
-    if isinstance(frames, str):
-        try:
-            frames = parse_window(frames)
-        except ValueError as e:
-            raise BadInput(str(e)) from None
-    lo, hi = frames
-    hi = T if hi is None else min(int(hi), T)
-    lo = int(lo)
-    if not 0 <= lo < T:
-        raise BadInput(f"--frames starts at frame {lo}, outside the video's frames 0..{T - 1}")
-    if hi <= lo:
-        raise BadInput(f"--frames {lo}:{hi} holds no frame (B must be greater than A)")
+    lo, hi = frame_window(frames, T)
     if (lo, hi) == (0, T):
         return None
     if options["object_start"] == "own":
