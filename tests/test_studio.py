@@ -670,8 +670,8 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
     """`segpipe studio clip.mp4 --store S`: bad input is refused at once, on the terminal;
     otherwise the URL comes at once and the page shows the decode's progress (the decode is
     held as it writes its 3rd chunk's frames, by a test hook: frames decoded, fewer than
-    24). Cancel there stops it after that chunk, as one Ctrl-C, and the page says so; a
-    reload decodes on from there, then the page opens the store, which is `segpipe
+    24). The page's Cancel there stops it after that chunk, as one Ctrl-C, and the page says
+    so (the other controls are disabled meanwhile, saying why); a reload decodes on from there, then the page opens the store, which is `segpipe
     decode`'s."""
     store, flag = tmp_path / "clip.zarr", tmp_path / "go"
     args = ["--store", store, "--chunk-size", 4, "--image-size", 128, "--port", 0]
@@ -692,7 +692,10 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
         assert 8 <= int(shown.split()[1].split("/")[0]) < 24, shown  # (with rate and ETA)
         page.screenshot(path=SHOTS / "studio_decoding.png")
         assert fetch(url + "api/prompts")[0] == 409  # no store to read yet
-        assert fetch(url + "api/cancel", "POST", {})[0] == 200
+        # meanwhile the page's Cancel works, and the other controls are off, saying why
+        assert page.is_disabled("#track") and page.is_disabled("#scrub")
+        assert "once the video is decoded" in page.get_attribute("#track", "title")
+        page.click("#cancel")
         flag.touch()
         page.wait_for_selector("body[data-decoding='cancelled']", timeout=30_000)
         assert "decode cancelled" in page.inner_text("#error")
@@ -700,6 +703,9 @@ def test_a_video_is_decoded_in_the_page_with_its_progress(browser, small, tmp_pa
         page.reload()  # decodes on
         page.wait_for_selector("body[data-ready='1']", timeout=30_000)
         assert page.evaluate("studio.info.frames") == 24
+        assert not page.is_disabled("#track") and "track the prompts" in page.get_attribute(
+            "#track", "title"
+        )
         page.close()
     finally:
         flag.touch()

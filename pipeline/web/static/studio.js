@@ -537,10 +537,17 @@ function fit() {
   c.style.height = `${Math.floor(S.info.height * scale)}px`;
 }
 
-// a store being decoded (segpipe studio clip.mp4): the decode's progress, then the store
+// a store being decoded (segpipe studio clip.mp4): the decode's progress, then the store.
+// Meanwhile Cancel works and every other control is disabled, saying why.
 async function decoded() {
   $("store").textContent = S.info.store;
   document.body.dataset.decoding = "1";
+  const controls = [...document.querySelectorAll("header button, header input, header select, footer button, footer input")]
+    .filter((c) => c.id !== "cancel" && c.id !== "help-button" && !c.disabled);
+  const titles = controls.map((c) => c.title);
+  for (const c of controls) { c.disabled = true; c.title = "available once the video is decoded"; }
+  $("cancel").onclick = () => guarded(() => api("cancel", json({})));
+  $("help-button").onclick = () => { $("help").hidden = !$("help").hidden; };
   await new Promise((resolve) => {
     const events = new EventSource("api/events");
     events.onmessage = (m) => {
@@ -555,6 +562,7 @@ async function decoded() {
     };
   });
   document.body.dataset.decoding = "0";
+  controls.forEach((c, i) => { c.disabled = false; c.title = titles[i]; });
   S.info = await (await api("info")).json();
 }
 
