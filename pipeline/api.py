@@ -359,7 +359,7 @@ def run(
     if workers is not None or scheduler is not None:
         refuse_on_dask(keep)
     if prompts is not None:
-        runner.check_prompts(video, prompts, exports, stream, fps)
+        runner.check_prompts(video, prompts, exports, stream, fps, store)
     settings = defaults.fill(
         store,
         "run",
@@ -597,7 +597,9 @@ def studio(
     source = None
     if not (path / "zarr.json").is_file():
         if not path.exists():
-            raise BadInput(f"{path} does not exist: give a store, a video or a frame folder")
+            raise BadInput(
+                f"{path} does not exist: give a store, a video, a frame folder or a TIFF stack"
+            )
         store = Path(store) if store is not None else path.with_name(path.stem + ".zarr")
         if image_size is None and not (store / "zarr.json").is_file():
             weights = resolve_weights(model or DEFAULT_MODEL, checkpoint, random_weights)

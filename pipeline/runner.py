@@ -14,6 +14,7 @@ from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
 from segpipe.sources.registry import named, probe
 from segpipe.stages.decode import decode as decode_stage
+from segpipe.stages.decode import recorded_kind
 from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
@@ -90,7 +91,7 @@ def _frames_written(keep: str | None):
     return written
 
 
-def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> None:
+def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, store=None) -> None:
     """The prompts read and checked against the source before anything is written: points,
     boxes and masks against the frame size, object ids against the exports (DAVIS PNGs hold
     ids 1..255), frames against the frame count known before decoding: a frame folder's,
@@ -98,7 +99,7 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None) -> 
     past what its duration claims, is refused before an hour of decoding). The container's
     count is its claim, so `run` checks the frames again once the video is decoded, before
     anything is encoded."""
-    info = probe(Path(video), stream, fps)
+    info = probe(Path(video), stream, fps, None if store is None else recorded_kind(store))
     known = (
         info.claimed_frames
         if named(info.kind).counted

@@ -25,7 +25,7 @@ def frame_image(path, at: int, stream: int | None = None) -> tuple[Image.Image, 
     if RunStore.exists(path):
         return _from_store(RunStore.open(path, read_only=True), at)
     if not path.exists():
-        raise BadInput(f"no video, frame folder or store at {path}")
+        raise BadInput(f"no video, frame folder, TIFF stack or store at {path}")
     info = probe(path, stream)  # refuses what is not a readable video, in one line
     if at < 0:
         raise BadInput(f"--at must be a frame index >= 0, got {at}")

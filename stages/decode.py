@@ -8,6 +8,7 @@ are held (the one being filled and the one being written).
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.fsutil import fsync_path, resolved
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
-from segpipe.sources.registry import identity, named, probe, same_source
+from segpipe.sources.registry import for_store, identity, named, probe, same_source
 from segpipe.sources.video import DecodeError, is_damage, video_streams
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import drop, restored
@@ -49,7 +50,7 @@ def open_or_create_store(
             raise BadInput(f"{name} must be a positive integer, got {value}")
     if image_size is not None and image_size % 32:
         raise BadInput(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
-    info = probe(video, stream, fps)
+    info = probe(video, stream, fps, recorded_kind(store_path))
     C, S = chunk_size or DEFAULT_CHUNK_SIZE, image_size or DEFAULT_IMAGE_SIZE
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
@@ -58,11 +59,14 @@ def open_or_create_store(
         except StoreMismatch as mismatch:
             if not force:
                 raise
+            info = probe(video, stream, fps)  # started over: read as what the path is now
             if space is not None:
                 space.before_decode(None, video, info, C, S)
             log.info(f"decode: starting over ({mismatch.message})")
             RunStore.remove(store_path)
         else:
+            if store.attrs["video"].get("intensity"):  # the recorded window, not computed again
+                info = replace(info, intensity=tuple(store.attrs["video"]["intensity"]))
             if space is not None and "frame_count" not in store.attrs:
                 space.before_decode(
                     store, video, info, store.attrs["chunk_size"], store.attrs["image_size"]
@@ -71,15 +75,23 @@ def open_or_create_store(
     elif space is not None:
         space.before_decode(None, video, info, C, S)
     say_which_stream(video, info, stream is not None)
+    info = for_store(video, info)  # what reading it back needs, computed once (a window)
     return RunStore.create(
         store_path,
         {
-            "source": {"path": str(resolved(video)), **identity(video)},
+            "source": {"path": str(resolved(video)), **identity(video, info.kind)},
             "video": info.as_attrs(),
             "chunk_size": C,
             "image_size": S,
         },
     )
+
+
+def recorded_kind(store_path: Path) -> str | None:
+    """The source kind a store recorded (None: no store yet): its source is read as that."""
+    if not RunStore.exists(store_path):
+        return None
+    return RunStore.open(store_path, read_only=True).attrs["video"].get("kind") or "video"
 
 
 def say_which_stream(video: Path, info, chosen: bool) -> None:
@@ -104,7 +116,7 @@ def check_store(
     store: RunStore, video: Path, chunk_size, image_size, stream=None, fps=None
 ) -> None:
     source = store.attrs["source"]
-    if not same_source(source, video):
+    if not same_source(source, video, store.attrs["video"].get("kind")):
         raise StoreMismatch(
             f"store {store.path} was made from another video ({source['path']}, "
             f"sha256 {source['sha256'][:12]}), not {video}"

@@ -29,15 +29,21 @@ T, W, H = 9, 96, 72
 
 
 def raw_stack(bits: int, rgb: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(T, H, W[, 3]) samples as a microscope might save them, and the clip's masks: 16-bit
-    ones on a 12-bit camera's range with noise and a few hot pixels (which the window's
-    percentiles leave out)."""
+    """(T, H, W[, 3]) samples as a microscope might save them, and the clip's masks. 16-bit
+    ones: 100 + 2 v + noise (0 or 1), with 1% of the samples at each end of [100, 610] (so
+    that is the window) and a few hot pixels far past it (which the percentiles leave out);
+    the window's width, 510, makes every odd sample an exact half to round."""
     frames, masks = make_sample.make_clip(num_frames=T, width=W, height=H, seed=seed)
     a = frames if rgb else frames[..., 1]
     if bits == 16:
         rng = np.random.default_rng(seed)
-        a = a.astype(np.uint16) * 16 + rng.integers(0, 16, a.shape, dtype=np.uint16) + 100
-        a.reshape(-1)[rng.choice(a.size, 5, replace=False)] = 65535
+        noise = rng.integers(0, 2, a.shape, dtype=np.uint16)
+        a = np.minimum(100 + 2 * a.astype(np.uint16) + noise, 610)
+        flat = a.reshape(-1)
+        picks = rng.choice(flat.size, flat.size // 50 + 5, replace=False)
+        flat[picks[: flat.size // 100]] = 100
+        flat[picks[flat.size // 100 : flat.size // 50]] = 610
+        flat[picks[-5:]] = 65535
     return a, masks
 
 
@@ -63,7 +69,7 @@ def write_source(path: Path, a: np.ndarray, folder: bool) -> Path:
         return path
     path.mkdir()
     for t, frame in enumerate(a):
-        tifffile.imwrite(path / f"{t * 10}.tif", frame, photometric=photometric)
+        tifffile.imwrite(path / f"{t * 5}.tif", frame, photometric=photometric)  # 0, 5, 10..
     return path
 
 
@@ -99,6 +105,7 @@ def test_a_tiff_stack_tracks_as_sam2_on_the_same_frames(tmp_path, bits, rgb, fol
     assert video["kind"] == ("tiff-folder" if folder else "tiff"), video
     assert (video["width"], video["height"], group.attrs["frame_count"]) == (W, H, T)
     assert video.get("intensity") == (None if window is None else list(window))
+    assert window in (None, (100, 610))  # odd samples are exact halves: rounded up
     for t in (0, T - 1):
         resized = np.asarray(Image.fromarray(expected[t]).resize((IMAGE_SIZE, IMAGE_SIZE)))
         assert np.array_equal(group["frames"][t], resized), t
@@ -175,3 +182,91 @@ def test_frame_and_the_studio_show_a_16_bit_stack_as_the_model_sees_it(tmp_path)
         assert proc.returncode == 1 and words in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
         assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_tiff_layouts_read_as_documented(tmp_path):
+    """Planar and interleaved RGB, RGBA, BigTIFF, LZW, one page, and ImageJ's contiguous
+    file (a stack over 4 GB) give the same frames; several series, channels (C), float
+    samples, a folder of mismatched frames are refused in one line, the store left as it
+    was; the window falls back to the whole range where its percentiles meet."""
+    from segpipe.sources.registry import for_store, iter_frames, kind_of, probe
+
+    a, _ = raw_stack(16, True, seed=3)
+    frames, _ = model_frames(a)
+
+    def read(path):
+        info = for_store(path, probe(path))
+        return np.stack([np.asarray(p()) for _, _, p in iter_frames(path, 0, info.as_attrs())])
+
+    writes = {
+        "interleaved.tif": dict(photometric="rgb"),
+        "planar.tif": dict(photometric="rgb", planarconfig="separate"),
+        "big.tif": dict(photometric="rgb", bigtiff=True),
+        "lzw.tif": dict(photometric="rgb", compression="lzw"),
+    }
+    for name, options in writes.items():
+        data = np.moveaxis(a, -1, 1) if "planar" in name else a
+        tifffile.imwrite(tmp_path / name, data, **options)
+        assert kind_of(tmp_path / name).name == "tiff"
+        assert np.array_equal(read(tmp_path / name), frames), name
+    alpha = np.concatenate([a, np.full(a.shape[:-1] + (1,), 65535, np.uint16)], axis=-1)
+    tifffile.imwrite(tmp_path / "rgba.tif", alpha, photometric="rgb", extrasamples=["unassalpha"])
+    assert np.array_equal(read(tmp_path / "rgba.tif"), frames)  # alpha neither read nor counted
+    grey, _ = raw_stack(16, False, seed=4)
+    tifffile.imwrite(
+        tmp_path / "ij.tif", grey, imagej=True, truncate=True, metadata={"axes": "TYX"}
+    )
+    assert np.array_equal(read(tmp_path / "ij.tif"), model_frames(grey)[0])
+    tifffile.imwrite(tmp_path / "one.tif", grey[4])
+    assert probe(tmp_path / "one.tif").claimed_frames == 1
+    sparse = np.zeros((4, H, W), np.uint16)
+    sparse[:, :2, :2] = 3000  # under 0.1% of the samples bright: the window is 0..3000
+    tifffile.imwrite(tmp_path / "sparse.tif", sparse, photometric="minisblack")
+    sparse_info = for_store(tmp_path / "sparse.tif", probe(tmp_path / "sparse.tif"))
+    assert (sparse_info.claimed_frames, sparse_info.intensity) == (4, (0, 3000))
+
+    with tifffile.TiffWriter(tmp_path / "series.tif") as w:
+        for t in range(3):
+            w.write(grey[t] if t != 1 else grey[t, :10, :10])
+    tifffile.imwrite(tmp_path / "float.tif", grey.astype(np.float32))
+    tifffile.imwrite(tmp_path / "channels.tif", grey[:3], imagej=True, metadata={"axes": "CYX"})
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    tifffile.imwrite(mixed / "0.tif", grey[0])
+    tifffile.imwrite(mixed / "1.tif", grey[1, :, :50])
+    store = tmp_path / "s.zarr"
+    for bad, words in (
+        ("series.tif", "3 image series"),
+        ("float.tif", "8- and 16-bit"),
+        ("channels.tif", "not channels C"),
+        ("mixed", "a folder's frames must match"),
+    ):
+        proc = segpipe("decode", tmp_path / bad, "--store", store)
+        assert proc.returncode == 1 and words in proc.stderr, (bad, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert not store.exists()
+
+
+def test_a_tiff_folder_stays_its_kind_and_the_store_its_window(tmp_path):
+    """A decoded TIFF folder: `--fps` is its timing; a PNG put in the folder later does not
+    make it another kind (decode again is a no-op, status shows the window); the frames read
+    back go through the window the store recorded, not one computed again."""
+    a, _ = raw_stack(16, False, seed=6)
+    source = write_source(tmp_path / "stack", a, folder=True)
+    store = tmp_path / "s.zarr"
+    decode = ("decode", source, "--store", store, "--chunk-size", 4, "--image-size", IMAGE_SIZE)
+    segpipe(*decode, "--fps", 2, "--quiet", check=True)
+    assert zarr.open_group(str(store), mode="r").attrs["video"]["fps"] == 2.0
+    Image.fromarray(np.zeros((H, W), np.uint8)).save(source / "preview.png")
+    again = segpipe(*decode, check=True)
+    assert "already complete" in again.stderr, again.stderr
+    shown = segpipe("status", "--store", store, check=True).stdout
+    assert "16-bit samples 100..610 mapped to 0..255" in shown, shown
+    group = zarr.open_group(str(store), mode="r+")
+    video = dict(group.attrs["video"])
+    video["intensity"] = [0, 1020]  # another window in the record: the one frames go through
+    group.attrs["video"] = video
+    out = tmp_path / "f.png"
+    segpipe("frame", store, "--at", 3, "--out", out, "--grid", 0, check=True)
+    expected = ((a[3].astype(np.int64) * 510 + 1020) // 2040).clip(0, 255).astype(np.uint8)
+    assert np.array_equal(np.asarray(Image.open(out))[..., 0], expected)

@@ -42,6 +42,11 @@ class SourceKind:
         """What the source holds; refuses (`BadInput`) one whose first frame cannot be read."""
         raise NotImplementedError
 
+    def for_store(self, path: Path, info: "VideoInfo") -> "VideoInfo":
+        """What the store records of the source, from the probe's `info`: anything costly
+        that reading the frames back needs is computed here, once (a TIFF's 16-bit window)."""
+        return info
+
     def frames(
         self,
         path: Path,

@@ -22,6 +22,7 @@ class VideoInfo:
     duration: float | None = None  # seconds the container records for the video stream
     container_frames: int | None = None  # the frame count the container records, if any
     intensity: tuple[int, int] | None = None  # 16-bit sources: the window mapped to 0..255
+    bits: int = 8  # bits a sample (16: a TIFF's; what the store records is `intensity`)
 
     def as_attrs(self) -> dict:
         more = {"intensity": list(self.intensity)} if self.intensity else {}

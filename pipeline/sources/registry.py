@@ -40,10 +40,19 @@ def kinds() -> list[SourceKind]:
     return list(_KINDS)
 
 
-def kind_of(path: Path) -> SourceKind:
-    """The kind that reads `path` (the video file where nothing else claims it)."""
+def kind_of(path: Path, name: str | None = None) -> SourceKind:
+    """The kind that reads `path` (the video file where nothing else claims it), or the kind
+    `name`d (a store's record: its source is read back as the kind it was decoded as)."""
+    if name is not None:
+        return named(name)
     path = resolved(Path(path))
-    return next(k for k in _KINDS if k.claims(path))
+    for kind in _KINDS:
+        try:
+            if kind.claims(path):
+                return kind
+        except OSError:  # not readable here: the fallback's open says why, in one line
+            continue
+    return _KINDS[-1]
 
 
 def named(name: str | None) -> SourceKind:
@@ -54,19 +63,25 @@ def named(name: str | None) -> SourceKind:
     raise BadInput(f"the store's source is a {name!r}, a kind this segpipe does not read")
 
 
-def probe(path: Path, stream: int | None = None, fps: float | None = None) -> VideoInfo:
-    """What the source at `path` holds; `--stream` and `--fps` refused where they mean
-    nothing."""
-    kind = kind_of(path)
-    if not Path(path).exists():
-        return kind.probe(Path(path), stream, fps)  # the kind's own message for what is not there
-    if stream is not None and not kind.streams:
-        raise BadInput(f"--stream is for video files; {kind.what} has one sequence")
-    if fps is not None and kind.timed:
-        raise BadInput(
-            f"--fps is for frame folders and TIFF stacks; {kind.what} has its own timing"
-        )
-    return kind.probe(Path(path), stream, fps)
+def probe(
+    path: Path, stream: int | None = None, fps: float | None = None, kind: str | None = None
+) -> VideoInfo:
+    """What the source at `path` holds (read as the kind named `kind`, a store's, if
+    given); `--stream` and `--fps` refused where they mean nothing."""
+    reader = kind_of(path, kind)
+    if Path(path).is_file() or Path(path).is_dir():  # else the kind's own message: not there
+        if stream is not None and not reader.streams:
+            raise BadInput(f"--stream is for video files; {reader.what} has one sequence")
+        if fps is not None and reader.timed:
+            raise BadInput(
+                f"--fps is for frame folders and TIFF stacks; {reader.what} has its own timing"
+            )
+    return reader.probe(Path(path), stream, fps)
+
+
+def for_store(path: Path, info: VideoInfo) -> VideoInfo:
+    """The probe's `info` with what the store records beyond it (`SourceKind.for_store`)."""
+    return named(info.kind).for_store(Path(path), info)
 
 
 def iter_frames(
@@ -82,11 +97,12 @@ def sample(path: Path, info: VideoInfo, start: int, n: int) -> list:
     return named(info.kind).sample(Path(path), info, start, n)
 
 
-def identity(path: Path) -> dict:
-    """How a store recognises the source at `path`."""
-    return kind_of(path).identity(Path(path))
+def identity(path: Path, kind: str | None = None) -> dict:
+    """How a store recognises the source at `path` (as the kind named `kind`, if given)."""
+    return kind_of(path, kind).identity(Path(path))
 
 
-def same_source(recorded: dict, path: Path) -> bool:
-    """Whether `path` is still the source `recorded` describes."""
-    return kind_of(path).same(recorded, Path(path))
+def same_source(recorded: dict, path: Path, kind: str | None = None) -> bool:
+    """Whether `path` is still the source `recorded` describes, read as the kind the store
+    recorded (`kind`): a file added to a TIFF folder does not make it another kind."""
+    return kind_of(path, kind).same(recorded, Path(path))

@@ -1,11 +1,14 @@
 """TIFF stacks, microscopy's usual format: a multi-page TIFF file (a time-lapse, a z-stack)
-or a folder of numbered TIFF files, read with tifffile; 8 or 16 bits a sample, grey or RGB.
+or a folder of numbered TIFF files, read with tifffile (and imagecodecs: LZW, deflate and
+other compressions); 8 or 16 bits a sample, grey or RGB.
 
-A file's frames are the pages of its first series, in order. Its axes must be at most one
-sequence axis (T, Z, C, I or Q: whatever the file calls it) before a 2-D frame: YX (grey),
-or YXS or SYX with 3 or 4 samples (RGB; a 4th sample, alpha, is dropped). A folder's files
-hold one such frame each and are named by their number, as a JPEG folder's are. There is no
-clock: frame t is at t / `--fps` (24 by default).
+A file holds one image series (a file of several, such as positions or pages of other
+sizes, is refused) whose axes are at most one sequence axis (T, Z, I or Q: time, depth or
+unnamed, read as time; not C, channels) before a 2-D frame: YX (grey), or YXS or SYX with 3
+or 4 samples (RGB; a 4th sample, alpha, is dropped). Frame t is the series' t-th frame: its
+page t, or, in a contiguous file (ImageJ's over 4 GB), its t-th plane through a memory map.
+A folder's files hold one such frame each and are named by their number, as a JPEG
+folder's are. There is no clock: frame t is at t / `--fps` (24 by default).
 
 How a frame becomes the model's input:
 - 8 bits: as it is; grey repeated into R, G and B (Pillow's `convert("RGB")`, what SAM 2's
@@ -13,11 +16,14 @@ How a frame becomes the model's input:
 - 16 bits: one linear window [lo, hi] for the whole source. lo and hi are the 0.1st and
   99.9th percentiles of all its samples (every frame, every channel used): of the n
   samples sorted, entries floor(0.001 (n - 1)) and ceil(0.999 (n - 1)), counted exactly in
-  a 65,536-bin histogram when the store is made, and recorded in it (`intensity`). A
-  sample v becomes round((clip(v, lo, hi) - lo) * 255 / (hi - lo)), halves rounded up, in
-  integer arithmetic (hi is lo + 1 where the source is flat). One window for every frame:
-  a brightness means the same all through the video (per-frame contrast would flicker), a
-  few hot pixels do not darken it, and a resumed or repaired decode uses the recorded one.
+  a 65,536-bin histogram. Where those two are equal (almost every sample one value, as in
+  sparse fluorescence), the window is the samples' minimum and maximum instead, and hi is
+  lo + 1 where the source is flat. A sample v becomes
+  round((clip(v, lo, hi) - lo) * 255 / (hi - lo)), halves rounded up, in integers. The
+  window is computed once, when the store is made (`for_store`), and recorded in it
+  (`intensity`): every frame, a resume and a repair use the recorded one. One window for
+  every frame: a brightness means the same all through the video (per-frame contrast would
+  flicker), and a few hot pixels do not darken it.
 Other sample types (float, signed, 32-bit) and other layouts are refused in one line.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +48,7 @@ DEPTHS = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16}
 
 
 class Stack:
-    """A TIFF file's first series, a frame at a time (as read: (H, W) or (H, W, 3))."""
+    """A TIFF file's image series, a frame at a time (as read: (H, W) or (H, W, 3))."""
 
     def __init__(self, path: Path):
         import tifffile
@@ -49,23 +56,34 @@ class Stack:
         self.path = Path(path)
         try:
             self.tif = tifffile.TiffFile(str(path))
-            series = self.tif.series[0]
-            page = series.keyframe
+            series = self.tif.series
+            page = series[0].keyframe
         except Exception as e:  # noqa: BLE001 - tifffile raises many kinds on damage
             raise BadInput(f"not a readable TIFF: {path} ({type(e).__name__}: {e})") from None
         try:
-            self.layout, self.dtype = _layout(self.path, series, page)
-            self.pages = series.pages
-            self.count = len(self.pages)
+            if len(series) > 1:
+                raise BadInput(
+                    f"{path} holds {len(series)} image series (positions, or pages of "
+                    f"different sizes: {', '.join(_shape(s) for s in series[:4])}); segpipe "
+                    f"reads a file of one: save each series on its own"
+                )
+            self.layout, self.dtype, self.count = _layout(self.path, series[0], page)
             self.shape = page.shape
+            self.pages = series[0].pages
+            self.planes = None  # a contiguous file: its frames through a memory map
+            if series[0].dataoffset is not None:
+                planes = tifffile.memmap(str(path), series=0, mode="r")
+                self.planes = planes.reshape(self.count, *self.shape)
         except BaseException:
             self.tif.close()
             raise
 
     def frame(self, t: int) -> np.ndarray:
+        import tifffile
+
         try:
-            a = self.pages[t].asarray()
-        except Exception as e:  # noqa: BLE001 - damage in the file
+            a = np.array(self.planes[t]) if self.planes is not None else self.pages[t].asarray()
+        except (ValueError, KeyError, tifffile.TiffFileError) as e:  # damage in the file
             raise BadInput(f"frame {t} of {self.path} does not read ({e})") from None
         if a.shape != self.shape:
             raise BadInput(f"frame {t} of {self.path} is {a.shape}, frame 0 {self.shape}")
@@ -74,6 +92,7 @@ class Stack:
         return a[..., :3] if a.ndim == 3 else a
 
     def close(self) -> None:
+        self.planes = None
         self.tif.close()
 
     def __enter__(self):
@@ -83,12 +102,18 @@ class Stack:
         self.close()
 
 
-def _layout(path: Path, series, page) -> tuple[str, np.dtype]:
+def _shape(series) -> str:
+    return f"{series.axes} {'x'.join(map(str, series.shape))}"
+
+
+def _layout(path: Path, series, page) -> tuple[str, np.dtype, int]:
+    """(the frame's axes, its sample type, the frame count), or the refusal of a layout
+    segpipe does not read."""
     axes, shape = page.axes, page.shape
     dtype = np.dtype(page.dtype)
     if dtype not in DEPTHS:
         raise BadInput(
-            f"{path}: TIFF samples are {dtype} ; segpipe reads 8- and 16-bit unsigned "
+            f"{path}: TIFF samples are {dtype}; segpipe reads 8- and 16-bit unsigned "
             f"TIFFs (convert it, e.g. in Fiji: Image > Type > 16-bit)"
         )
     rgb = axes in ("YXS", "SYX") and shape[axes.index("S")] in (3, 4)
@@ -97,13 +122,16 @@ def _layout(path: Path, series, page) -> tuple[str, np.dtype]:
             f"{path}: a TIFF frame with axes {axes} {tuple(shape)} (photometric "
             f"{int(page.photometric)}); segpipe reads grey (YX) or RGB (YXS) frames"
         )
-    leading = series.shape[: len(series.shape) - len(shape)]
-    if len(leading) > 1 or len(series.pages) != math.prod(leading):
+    leading = series.axes[: len(series.shape) - len(shape)]
+    count = math.prod(series.shape[: len(leading)])
+    contiguous = series.dataoffset is not None
+    if len(leading) > 1 or "C" in leading or not (contiguous or len(series.pages) == count):
         raise BadInput(
-            f"{path}: a TIFF with axes {series.axes} {tuple(series.shape)}; segpipe reads one "
-            f"sequence of 2-D frames (axes like TYX or TYXS): save one Z or channel at a time"
+            f"{path}: a TIFF with axes {_shape(series)}; segpipe reads one sequence of "
+            f"2-D frames (axes like TYX or ZYXS, not channels C): save one Z or channel "
+            f"at a time"
         )
-    return axes, dtype
+    return axes, dtype, count
 
 
 def window(frames) -> tuple[int, int]:
@@ -115,6 +143,9 @@ def window(frames) -> tuple[int, int]:
     n1 = int(cum[-1]) - 1
     lo = int(np.searchsorted(cum, n1 * LOW // 1000, side="right"))
     hi = int(np.searchsorted(cum, -(-n1 * HIGH // 1000), side="right"))
+    if hi == lo:  # (almost) every sample one value: the whole range instead
+        used = np.flatnonzero(hist)
+        lo, hi = int(used[0]), int(used[-1])
     return lo, max(hi, lo + 1)
 
 
@@ -139,7 +170,7 @@ class TiffPicture:
 
 class _Tiffs:
     """What a TIFF file and a TIFF folder share: frames read as arrays in order, the 16-bit
-    window over all of them (computed once per process and source state)."""
+    window over all of them (computed once per process and state of the source)."""
 
     def arrays(self, path: Path, start: int):
         raise NotImplementedError
@@ -149,8 +180,13 @@ class _Tiffs:
 
     def probe(self, path, stream, fps):
         a, count = self.first(Path(path))
-        intensity = self.intensity(Path(path)) if a.dtype == np.uint16 else None
-        return counted_info((a.shape[1], a.shape[0]), fps, count, self.name, intensity=intensity)
+        return counted_info((a.shape[1], a.shape[0]), fps, count, self.name, bits=a.itemsize * 8)
+
+    def for_store(self, path, info):
+        """With the 16-bit window, computed (a pass over every sample) for the store."""
+        if info.bits != 16:
+            return info
+        return replace(info, intensity=self.intensity(Path(path)))
 
     def intensity(self, path: Path) -> tuple[int, int]:
         return _window(self, str(path), _state(path))
@@ -159,13 +195,13 @@ class _Tiffs:
         path = Path(path)
         intensity = (video or {}).get("intensity")
         for t, a in self.arrays(path, start):
-            if a.dtype == np.uint16 and intensity is None:
+            if a.dtype == np.uint16 and intensity is None:  # no store: computed here
                 intensity = self.intensity(path)
             yield t, float("nan"), TiffPicture(a, intensity)
 
 
 @functools.lru_cache(maxsize=8)
-def _window(kind: "_Tiffs", path: str, state) -> tuple[int, int]:
+def _window(kind: _Tiffs, path: str, state) -> tuple[int, int]:
     return window(a for _, a in kind.arrays(Path(path), 0))
 
 
@@ -183,11 +219,8 @@ class TiffStack(_Tiffs, SourceKind):
     def claims(self, path: Path) -> bool:
         if not path.is_file():  # a FIFO is never opened: its open would wait for a writer
             return False
-        try:
-            with open(path, "rb") as f:
-                return f.read(4) in MAGIC
-        except OSError:  # not there, or not readable: the video file's open says which
-            return False
+        with open(path, "rb") as f:
+            return f.read(4) in MAGIC
 
     def first(self, path):
         with Stack(path) as stack:
@@ -216,10 +249,9 @@ class TiffFolder(_Tiffs, NumberedFiles):
     def first(self, path):
         files = self.files(path)
         shape = dtype = None
-        for p in files:  # headers only: every frame must have the first one's shape and type
+        for p in files:  # every frame must have the first one's shape and type
             with Stack(p) as stack:
-                if stack.count != 1:
-                    raise BadInput(f"{p} holds {stack.count} frames; a TIFF folder's hold one")
+                _one_frame(p, stack)
                 if shape is None:
                     shape, dtype, a = stack.shape, stack.dtype, stack.frame(0)
                 elif (stack.shape, stack.dtype) != (shape, dtype):
@@ -232,4 +264,10 @@ class TiffFolder(_Tiffs, NumberedFiles):
     def arrays(self, path, start):
         for t, p in enumerate(self.files(path)[start:], start):
             with Stack(p) as stack:
+                _one_frame(p, stack)
                 yield t, stack.frame(0)
+
+
+def _one_frame(path: Path, stack: Stack) -> None:
+    if stack.count != 1:
+        raise BadInput(f"{path} holds {stack.count} frames; a TIFF folder's files hold one each")

@@ -48,7 +48,7 @@ def stored_source(store: RunStore) -> Path:
             f"the source video {source} is gone: chunks whose frames are not in "
             f"the store cannot be decoded again"
         )
-    if not same_source(store.attrs["source"], source):
+    if not same_source(store.attrs["source"], source, store.attrs["video"].get("kind")):
         raise BadInput(
             f"the source video {source} changed since it was decoded: chunks "
             f"whose frames are not in the store cannot be decoded again"

@@ -45,7 +45,7 @@ def check_source(store: RunStore, source: Path) -> None:
     """The overlay re-decodes the original file: it must still be the same video."""
     if not source.exists():
         raise BadInput(f"overlay re-decodes the source video, which is gone: {source}")
-    if not same_source(store.attrs["source"], source):
+    if not same_source(store.attrs["source"], source, store.attrs["video"].get("kind")):
         raise BadInput(f"source video {source} changed since it was decoded; overlay refused")
 
 
