@@ -53,6 +53,7 @@ def bench_model(name: str, args, root: Path) -> dict:
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track.stage import track
+    from segpipe.store.tracking import Tracking
 
     device = pick_device(args.device)
     precision = pick_precision(None, device)
@@ -87,7 +88,15 @@ def bench_model(name: str, args, root: Path) -> dict:
         precision=precision,
     )
     encoded = time.perf_counter()
-    track(store, prompts, "forward", device, args.checkpoint, quiet=True, predictor=model)
+    track(
+        store,
+        prompts,
+        Tracking("forward"),
+        device=device,
+        checkpoint=args.checkpoint,
+        quiet=True,
+        predictor=model,
+    )
     tracked = time.perf_counter()
     ours_peak = peak_mib(device)
 

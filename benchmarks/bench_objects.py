@@ -56,11 +56,11 @@ if workers:
 else:
     from segpipe.model import Weights, build_model
     from segpipe.stages.track.stage import track
+    from segpipe.store.tracking import Tracking
     group = __import__("zarr").open_group(store, mode="r")
     model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
     start = time.perf_counter()
-    track(store, prompts, "forward", quiet=True, predictor=model, force=True,
-          object_batch=object_batch)
+    track(store, prompts, Tracking("forward", object_batch=object_batch), quiet=True, predictor=model, force=True)
     total = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check's read-back
 run = api.Run(store)

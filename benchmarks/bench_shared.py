@@ -50,6 +50,7 @@ def main() -> int:
     from segpipe.stages.encode import encode
     from segpipe.stages.track import shared
     from segpipe.stages.track.stage import track
+    from segpipe.store.tracking import Tracking
 
     folder = Path(tempfile.mkdtemp(prefix="bench_shared"))
     try:
@@ -72,7 +73,7 @@ def main() -> int:
                 shared.PerFrame.frame = real if on else (lambda self: contextlib.nullcontext())
                 store = shutil.copytree(base, folder / f"{on}{r}.zarr")
                 began, wall = cpu_seconds(), time.perf_counter()
-                track(store, prompts, "forward", quiet=True, predictor=model, force=True)
+                track(store, prompts, Tracking("forward"), quiet=True, predictor=model, force=True)
                 seconds[on].append(cpu_seconds() - began)
                 print(
                     f"{'shared' if on else 'each object'}: {seconds[on][-1]:.2f} CPU s "

@@ -218,24 +218,22 @@ def track(
     """
     from segpipe.dask.client import connect
     from segpipe.stages.track.stage import track as track_stage
+    from segpipe.store.tracking import Tracking
 
+    tracking = Tracking(
+        direction, frames, postprocessing, non_overlap, score_threshold, object_start, object_batch
+    )
     with connect(
         workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
     ) as cluster:
         track_stage(
             store,
             prompts,
-            direction,
+            tracking,
             device=device,
             checkpoint=checkpoint,
             quiet=not progress,
             force=force,
-            postprocessing=postprocessing,
-            non_overlap=non_overlap,
-            score_threshold=score_threshold,
-            object_start=object_start,
-            object_batch=object_batch,
-            frames=frames,
             cluster=cluster,
             groups=groups,
             allow_env_change=allow_env_change,
@@ -350,6 +348,7 @@ def run(
     from segpipe.stages.export.stage import FORMATS
     from segpipe.store.lock import store_lock
     from segpipe.store.retention import check_keep, refuse_on_dask
+    from segpipe.store.tracking import Tracking
 
     exports = run_formats() if exports is None else list(exports)
     unknown = [f for f in exports if f not in FORMATS]
@@ -421,19 +420,16 @@ def run(
                 precision=precision,
                 allow_env_change=allow_env_change,
             ),
-            tracking=dict(
-                direction=direction,
-                device=device,
-                checkpoint=checkpoint,
-                postprocessing=postprocessing,
-                non_overlap=non_overlap,
-                score_threshold=score_threshold,
-                object_start=object_start,
-                frames=frames,
-                groups=groups,
-                object_batch=object_batch,
-                allow_env_change=allow_env_change,
+            tracking=Tracking(
+                direction,
+                frames,
+                postprocessing,
+                non_overlap,
+                score_threshold,
+                object_start,
+                object_batch,
             ),
+            groups=groups,
         )
     return Run(store)
 

@@ -20,6 +20,7 @@ from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import keep_setting, set_keep
+from segpipe.store.tracking import Tracking
 
 
 def run(
@@ -29,15 +30,17 @@ def run(
     *,
     decoding: dict,
     encoding: dict,
-    tracking: dict,
+    tracking: Tracking,
+    groups: int | None,
     exports: list[str],
     keep: str | None,
     space,
     cluster,
     quiet: bool,
 ) -> None:
-    """Every stage on `store`, with the keyword arguments each stage takes (`decoding`,
-    `encoding`, `tracking`); `space` is asked before each stage writes, `cluster` (or
+    """Every stage on `store`, with the keyword arguments decode and encode take (`decoding`,
+    `encoding`; track takes the device, weights and environment setting from `encoding`),
+    the tracking's settings (`tracking`) and its `groups`; `space` is asked before each stage writes, `cluster` (or
     None) runs the encoding, tracking and export chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
 
@@ -68,12 +71,16 @@ def run(
     track_stage(
         store,
         prompts,
+        tracking,
+        device=encoding["device"],
+        checkpoint=encoding["checkpoint"],
         quiet=quiet,
         on_commit=exporting.committed,
         batch_size=encoding["batch_size"],
         cluster=cluster,
         space=space,
-        **tracking,
+        groups=groups,
+        allow_env_change=encoding["allow_env_change"],
     )
     exporting.finish(quiet)
     if keep_setting(decoded) == "all" and cluster is None:  # the chunks no pass needed:

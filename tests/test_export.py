@@ -25,6 +25,7 @@ from segpipe.stages.export.stage import FORMATS, export
 from segpipe.stages.export.writers import compose, davis_palette
 from segpipe.stages.track.stage import track
 from segpipe.store import masks as maskio
+from segpipe.store.tracking import Tracking
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def pristine(tmp_path_factory, clip_dir, predictor):
     # decoded by `segpipe.decode` (what `segpipe decode` calls), all in this process
     api.decode(clip_dir / "clip.mp4", store, chunk_size=2, image_size=IMAGE_SIZE, progress=False)
     encode(store, random_weights=0, quiet=True, predictor=predictor)
-    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
     return store
 
 

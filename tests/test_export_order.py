@@ -24,6 +24,7 @@ from segpipe.stages.export.stage import Export, export
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader
+from segpipe.store.tracking import Tracking
 
 FRAMES, C = 18, 4
 # B-frame H.264 (libx264's default, 3 B-frames) with a keyframe every 4 frames, in the
@@ -181,7 +182,7 @@ def tracked(clip, stores, tmp_path_factory):
     box = make_sample.bbox(masks[8, 0])
     prompts.write_text(json.dumps({"prompts": [{"object": 1, "frame": 8, "box": box}]}))
     encode(store, random_weights=0, quiet=True)
-    track(store, prompts, "both", quiet=True)
+    track(store, prompts, Tracking("both"), quiet=True)
     return store
 
 

@@ -17,6 +17,7 @@ import segpipe as api
 from segpipe.model import Weights, build_model
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
+from segpipe.store.tracking import Tracking
 
 SIZE, T = 64, 10
 
@@ -86,7 +87,7 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
     ]
     for direction in ("forward", "reverse"):
         copy = shutil.copytree(store, tmp_path / f"{direction}.zarr")
-        track(copy, clip / "prompts.json", direction, quiet=True, predictor=predictor)
+        track(copy, clip / "prompts.json", Tracking(direction), quiet=True, predictor=predictor)
         got = zarr.open_group(str(copy), mode="r")
         assert oracle.masks[direction].any()
         assert np.array_equal(got["masks"][...], oracle.masks[direction]), direction

@@ -174,11 +174,12 @@ def retrack(store: Path, prompts: Path, direction: str) -> int:
     """`track` in this process with new prompts; the frames the image encoder saw."""
     from segpipe.model import Weights, build_model
     from segpipe.stages.track.stage import track
+    from segpipe.store.tracking import Tracking
 
     predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=0))
     calls = EncoderCalls(predictor)
     try:
-        track(store, prompts, direction, quiet=True, predictor=predictor)
+        track(store, prompts, Tracking(direction), quiet=True, predictor=predictor)
     finally:
         calls.close()
     return calls.count

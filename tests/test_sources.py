@@ -14,6 +14,8 @@ from conftest import IMAGE_SIZE, assert_user_error, segpipe
 from oracle import oracle_tracking, same_bits
 from PIL import Image
 
+from segpipe.store.tracking import Tracking
+
 S = 64
 
 
@@ -421,7 +423,7 @@ def test_a_jpeg_folder_tracks_bit_identically_to_sam2(
     for direction in ("forward", "reverse"):
         if direction == "reverse" or chunk_size == 3:
             track_store = shutil.copytree(store, tmp_path / f"{direction}.zarr")
-            track(track_store, None, direction, quiet=True, predictor=predictor)
+            track(track_store, None, Tracking(direction), quiet=True, predictor=predictor)
             got = stored(track_store)
             assert np.array_equal(got["masks"][...], expected.masks[direction]), direction
             assert same_bits(got["object_scores"][...], expected.scores[direction]), direction

@@ -33,6 +33,7 @@ from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
+from segpipe.store.tracking import Tracking
 
 T = 40
 CHUNK_SIZES = [1, 3, 7, 16, 64]
@@ -75,7 +76,7 @@ def tracked7(stores, clip_dir, predictor, tmp_path_factory):
     """The chunk-size-7 store tracked in both directions with the clip's prompts, in one
     band of rows. Read-only: copy it before tracking or exporting in it."""
     store = copy_of(stores, 7, tmp_path_factory.mktemp("tracked7"))
-    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
     return store
 
 
@@ -125,7 +126,7 @@ def test_masks_bit_identical_to_sam2(
     stores, oracle, clip_dir, predictor, chunk_size, direction, tmp_path
 ):
     store = copy_of(stores, chunk_size, tmp_path)
-    track(store, clip_dir / "prompts.json", direction, quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", Tracking(direction), quiet=True, predictor=predictor)
     assert_matches_oracle(store, oracle, direction, chunk_size)
     assert read_checked(store, "masks").shape == (T, 3, 120, 160)
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [1, 2, 3]
@@ -173,10 +174,9 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
     track(
         store,
         clip_dir / "prompts.json",
-        direction,
+        Tracking(direction, frames=f"{lo}:{hi}"),
         quiet=True,
         predictor=predictor,
-        frames=f"{lo}:{hi}",
     )
     want = oracle_tracking(
         stores[CHUNK_SIZES[0]],
@@ -193,7 +193,7 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
     track(store, None, quiet=True, predictor=predictor)
     assert tree_digest(store) == before
     if direction == "both":  # and `--frames :` tracks the whole video again, as SAM 2 does
-        track(store, None, quiet=True, predictor=predictor, frames=":")
+        track(store, None, Tracking(frames=":"), quiet=True, predictor=predictor)
         assert "frames" not in RunStore.open(store).attrs["track"]
         assert_matches_oracle(store, request.getfixturevalue("oracle"), "both", "whole")
 
@@ -212,7 +212,7 @@ def test_masks_in_bands_of_rows_are_the_same(
     assert RunStore.open(whole).array("masks").chunks == (7, 1, 120, 160)  # one band
     monkeypatch.setattr(maskio, "MASK_CHUNK_BYTES", 7 * 160 * 50)
     store = copy_of(stores, 7, tmp_path)
-    track(store, clip_dir / "prompts.json", "both", quiet=True, predictor=predictor)
+    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
     assert RunStore.open(store).array("masks").chunks == (7, 1, 50, 160)
     assert_matches_oracle(store, oracle, "both", 7)
     assert chunk_files(store, ["masks"]) == {
@@ -272,7 +272,7 @@ def test_reprompting_retracks_without_the_encoder(tracked7, clip_dir, tmp_path, 
         )
     )
     calls = EncoderCalls(predictor)
-    track(store, second, "both", quiet=True, predictor=predictor)
+    track(store, second, Tracking("both"), quiet=True, predictor=predictor)
     calls.close()
     assert calls.count == 0
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [7, 1]
@@ -332,7 +332,7 @@ def test_the_memory_cast_changes_nothing_where_sam2_does_not_crash(
     assert np.array_equal(plain.masks["forward"], cast.masks["forward"])
     assert same_bits(plain.scores["forward"], cast.scores["forward"])
     store = copy_of(stores, 7, tmp_path)
-    track(store, prompts, "forward", quiet=True, predictor=predictor)
+    track(store, prompts, Tracking("forward"), quiet=True, predictor=predictor)
     assert_matches_oracle(store, plain, "forward", "no crash")
 
 

@@ -13,6 +13,7 @@ from PIL import Image
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
+from segpipe.store.tracking import Tracking
 
 C = 4
 START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..11
@@ -36,7 +37,9 @@ def tracked(encoded, clip_dir, predictor, tmp_path_factory):
     out = {}
     for direction in ("forward", "reverse", "both"):
         store = shutil.copytree(encoded, tmp_path_factory.mktemp(direction) / "s.zarr")
-        track(store, clip_dir / "prompts.json", direction, quiet=True, predictor=predictor)
+        track(
+            store, clip_dir / "prompts.json", Tracking(direction), quiet=True, predictor=predictor
+        )
         out[direction] = store
     return out
 

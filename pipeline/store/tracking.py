@@ -4,10 +4,11 @@ outputs into masks. Read by track and export (without importing torch)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
-from segpipe.plan import ChunkPlan, Span, passes
+from segpipe.plan import ChunkPlan, Span, frame_window, passes
 from segpipe.store.runstore import RunStore
 
 OBJECT_STARTS = ("earliest", "own")
@@ -21,6 +22,50 @@ OPTIONS = {
     "object_start": "earliest",
 }
 ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
+DIRECTIONS = ("both", "forward", "reverse")
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """What a tracking computes, as given to `track`, `run`, the studio or a dataset (the
+    command line's options and the API's keywords have these names). None is the store's
+    recorded setting, else the default: direction "both", the whole video, `OPTIONS`, one
+    object at a time. `resolve` is the one place they are filled in and checked."""
+
+    direction: str | None = None
+    frames: object = None  # the window: "A:B", "A:", ":B", a slice or (A, B or None)
+    postprocessing: bool | None = None
+    non_overlap: bool | None = None
+    score_threshold: float | None = None
+    object_start: str | None = None
+    object_batch: int | None = None
+
+    def resolve(self, store: RunStore, prompts: list | None) -> "Resolved":
+        """Given, else the store's, else the default; checked against the video and (the
+        window) against the passes from the earliest of `prompts`."""
+        direction = self.direction or (stored_settings(store) or {}).get("direction", "both")
+        if direction not in DIRECTIONS:
+            raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
+        options = self.options(store, direction)
+        window = (
+            None if prompts is None else _window(store, self.frames, prompts, direction, options)
+        )
+        return Resolved(direction, options, window)
+
+    def options(self, store: RunStore, direction: str) -> dict:
+        """The options that turn SAM 2's outputs into masks (the store records them)."""
+        given = {k: getattr(self, k) for k in (*OPTIONS, "object_batch")}
+        return _options(store, direction, given)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A tracking's settings, filled in and checked: the direction, the options (as the
+    store records them) and the window ([lo, hi); None: the whole video)."""
+
+    direction: str
+    options: dict
+    window: list | None
 
 
 # The prompts the next tracking without new prompts takes, where they are not the tracked
@@ -82,7 +127,7 @@ def stored_settings(store: RunStore) -> dict | None:
     return store.attrs.get("track")
 
 
-def pick_options(store: RunStore, direction: str, **given) -> dict:
+def _options(store: RunStore, direction: str, given: dict) -> dict:
     """Options given, else the store's, else SAM 2's predictor defaults; checked."""
     stored = (stored_settings(store) or {}).get("options", OPTIONS)
     options = {**stored, **{k: v for k, v in given.items() if v is not None}}
@@ -118,11 +163,33 @@ def pick_options(store: RunStore, direction: str, **given) -> dict:
     return options
 
 
+def _window(store: RunStore, frames, prompts: list, direction: str, options: dict):
+    """The tracking window [lo, hi) asked for (None: the store's), checked against the video
+    and the passes; None when it is the whole video."""
+    T = store.attrs["frame_count"]
+    if frames is None:
+        frames = (stored_settings(store) or {}).get("frames")
+        if frames is None:
+            return None
+    lo, hi = frame_window(frames, T)
+    if (lo, hi) == (0, T):
+        return None
+    if options["object_start"] == "own":
+        raise BadInput("--frames cannot be combined with --object-start own")
+    span = Span(min(p.frame for p in prompts), lo, hi)
+    if not any(span.count_in(d, lo, hi) for d in passes(direction)):
+        raise BadInput(
+            f"--frames {lo}:{hi}: no {direction} pass from the earliest prompt "
+            f"(frame {span.start}) reaches those frames"
+        )
+    return [lo, hi]
+
+
 def preview_options(store: RunStore, direction: str) -> dict:
-    """The options a preview of one frame depends on: the store's (`pick_options`), less the
+    """The options a preview of one frame depends on: the store's (`Tracking.options`), less the
     object batch (how a tracking computes, not what a frame shows): changing it alone
     rebuilds no model."""
-    options = pick_options(store, direction)
+    options = Tracking().options(store, direction)
     options.pop("object_batch", None)
     return options
 

@@ -189,20 +189,24 @@ class VideoRunner:
     def _track(self, store: Path, inputs: VideoInputs, predictor, exporting) -> None:
         """Track the video forward from its prompts with the tool's settings, exporting."""
         from segpipe.stages.track.stage import track
+        from segpipe.store.tracking import Tracking
 
         o = self.options
-        track(
-            store,
-            inputs.prompts,
-            "forward",
-            o.device,
-            o.checkpoint,
-            self.quiet,
-            predictor,
+        tracking = Tracking(
+            direction="forward",
             postprocessing=o.apply_postprocessing,
             non_overlap=not o.per_obj_png_file,
             score_threshold=o.score_thresh,
             object_start="own" if o.track_object_appearing_later_in_video else "earliest",
+        )
+        track(
+            store,
+            inputs.prompts,
+            tracking,
+            device=o.device,
+            checkpoint=o.checkpoint,
+            quiet=self.quiet,
+            predictor=predictor,
             on_commit=exporting.committed,
             allow_env_change=o.allow_env_change,
         )

@@ -30,9 +30,15 @@ from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
 from segpipe.store.lock import Claim, holder, store_lock
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import DRAFT, draft_prompts, next_prompts, save_draft, stored_settings
-
-DIRECTIONS = ("both", "forward", "reverse")
+from segpipe.store.tracking import (
+    DIRECTIONS,
+    DRAFT,
+    Tracking,
+    draft_prompts,
+    next_prompts,
+    save_draft,
+    stored_settings,
+)
 
 
 class Studio:
@@ -329,13 +335,10 @@ class Studio:
         if direction not in DIRECTIONS:
             raise BadInput(f"direction must be one of {', '.join(DIRECTIONS)}")
         prompts = self.prompts()
-        from segpipe.stages.track.stage import check_window
-        from segpipe.store.tracking import pick_options
-
         store = self.store()
         if frames is not None:
             frames = tuple(frames)
-            check_window(store, frames, prompts, direction, pick_options(store, direction))
+            Tracking(direction, frames).resolve(store, prompts)  # checked now, not in the job
         if "model" in store.attrs:  # another compute environment: refused now, not in the job
             computing = environment.of_work(self.device)
             environment.check(store, computing, self.allow_env_change, record=False)
@@ -384,13 +387,12 @@ class Studio:
             track(
                 self.path,
                 prompts,
-                direction,
+                Tracking(direction, frames),
                 device=self.device,
                 checkpoint=self.checkpoint,
                 quiet=True,
                 predictor=predictor if same else None,
                 on_commit=committed,
-                frames=frames,
                 allow_env_change=self.allow_env_change,
             )
         finally:  # the store's prompts are these now, by this studio's doing

@@ -33,7 +33,7 @@ from segpipe.model import (
     resolve_weights,
     tracking_options,
 )
-from segpipe.plan import ChunkPlan, Span, frame_window, passes, untracked_chunks
+from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
@@ -43,15 +43,13 @@ from segpipe.store.retention import keep_setting, on_disk, sweep
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import stored_source
 from segpipe.store.tracking import (
+    Tracking,
     draft_prompts,
     drop_draft,
     next_prompts,
-    pick_options,
     stored_prompts,
     stored_settings,
 )
-
-DIRECTIONS = ("both", "forward", "reverse")
 
 
 def tracking_settings(prompts: list, direction: str, options: dict, window=None) -> dict:
@@ -128,21 +126,16 @@ def write_untracked(store: RunStore, chunks) -> None:
 def track(
     store_path,
     prompts=None,
-    direction: str | None = None,
+    tracking: Tracking | None = None,
+    *,
     device: str = "auto",
     checkpoint: str | None = None,
     quiet: bool = False,
     predictor=None,
     force: bool = False,
-    postprocessing: bool | None = None,
-    non_overlap: bool | None = None,
-    score_threshold: float | None = None,
-    object_start: str | None = None,
-    object_batch: int | None = None,
     on_commit=None,
     batch_size: int = 1,
     cluster=None,
-    frames=None,
     space=None,
     draft: bool = True,
     groups: int | None = None,
@@ -153,13 +146,15 @@ def track(
     track; with `draft` False, those of the last track: a repair), resuming or repairing
     whatever is not done.
 
-    Options left None are the store's (else `OPTIONS`). `on_commit(direction, chunk)` is
+    `tracking` (`store.tracking.Tracking`: direction, window, options; None: all the
+    store's) says what is computed; what it leaves None is the store's, else the default
+    (`Tracking.resolve`). `on_commit(direction, chunk)` is
     called after each chunk a pass commits (`run` and the dataset command export it then).
     Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
     encoded as the passes reach them, in `batch_size` frames (see `supply`). With `cluster`
     (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`).
 
-    `frames` ((A, B), "A:B", "A:" or ":B"; None: the store's) is the tracking window, as
+    `tracking.frames` ((A, B), "A:B", "A:" or ":B"; None: the store's) is the window, as
     SAM 2's `propagate_in_video(start_frame_idx, max_frame_num_to_track)` takes it: frames
     A..B-1 only, the forward pass from max(A, earliest prompt), the reverse pass from
     min(B - 1, earliest prompt); prompts outside it still condition the tracking. `space`
@@ -168,8 +163,8 @@ def track(
 
     `groups`: the objects are tracked in that many groups (`stages.track.groups`; one
     under non-overlap or `object_batch`), one after another here, side by side on Dask
-    workers (None: one here, one per worker there). `object_batch` (None: the store's, else
-    1): up to that many objects of a frame through SAM 2's step at once, as its legacy
+    workers (None: one here, one per worker there). `tracking.object_batch` (None: the
+    store's, else 1): up to that many objects of a frame through SAM 2's step at once, as its legacy
     predictor batches them (`stages.track.batch`: not bit for bit SAM 2's predictor).
 
     The store is computed in one environment (`segpipe.environment`; `allow_env_change`:
@@ -181,21 +176,13 @@ def track(
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
-    direction, plan, spec, prompts = _track_inputs(store, prompts, direction, draft)
+    plan, spec, prompts = _track_inputs(store, prompts, draft)
     weights, seed = embeddings_weights(store, spec, checkpoint)
-    options = pick_options(
-        store,
-        direction,
-        postprocessing=postprocessing,
-        non_overlap=non_overlap,
-        score_threshold=score_threshold,
-        object_start=object_start,
-        object_batch=object_batch,
-    )
+    resolved = (tracking or Tracking()).resolve(store, prompts)
+    direction, options, window = resolved.direction, resolved.options, resolved.window
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     _check_predictor(predictor, options)
-    window = check_window(store, frames, prompts, direction, options)
     settings = tracking_settings(prompts, direction, options, window)
     again = force or stored_settings(store) != settings  # then every chunk is tracked anew
     env = (environment.of_work(device, predictor, cluster), allow_env_change)
@@ -230,12 +217,9 @@ def track(
     return store
 
 
-def _track_inputs(store: RunStore, prompts, direction: str | None, draft: bool = True):
-    """(direction, chunk plan, model spec, prompts) of a tracking of the store, checked."""
+def _track_inputs(store: RunStore, prompts, draft: bool = True):
+    """(chunk plan, model spec, prompts) of a tracking of the store, checked."""
     T = require_decoded(store)
-    direction = direction or (store.attrs.get("track") or {}).get("direction", "both")
-    if direction not in DIRECTIONS:
-        raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     spec = store.attrs.get("model")
     if spec is None:
@@ -246,29 +230,7 @@ def _track_inputs(store: RunStore, prompts, direction: str | None, draft: bool =
         if prompts is None
         else prompt_file.load(prompts, T, video["width"], video["height"])
     )
-    return direction, plan, spec, prompts
-
-
-def check_window(store: RunStore, frames, prompts: list, direction: str, options: dict):
-    """The tracking window [lo, hi) asked for (None: the store's), checked against the video
-    and the passes; None when it is the whole video."""
-    T = store.attrs["frame_count"]
-    if frames is None:
-        frames = (store.attrs.get("track") or {}).get("frames")
-        if frames is None:
-            return None
-    lo, hi = frame_window(frames, T)
-    if (lo, hi) == (0, T):
-        return None
-    if options["object_start"] == "own":
-        raise BadInput("--frames cannot be combined with --object-start own")
-    span = Span(min(p.frame for p in prompts), lo, hi)
-    if not any(span.count_in(d, lo, hi) for d in passes(direction)):
-        raise BadInput(
-            f"--frames {lo}:{hi}: no {direction} pass from the earliest prompt "
-            f"(frame {span.start}) reaches those frames"
-        )
-    return [lo, hi]
+    return plan, spec, prompts
 
 
 def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
