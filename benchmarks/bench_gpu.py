@@ -50,10 +50,10 @@ def bench_model(name: str, args, root: Path) -> dict:
     from oracle import oracle_tracking
 
     from segpipe.model import Weights, build_model, pick_device, pick_precision, resolve_weights
+    from segpipe.settings import Decoding, Tracking
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track.stage import track
-    from segpipe.store.tracking import Tracking
 
     device = pick_device(args.device)
     precision = pick_precision(None, device)
@@ -73,7 +73,7 @@ def bench_model(name: str, args, root: Path) -> dict:
     seed = None if args.checkpoint else 0
 
     start = time.perf_counter()
-    decode(root / "clip.mp4", store, args.chunk_size, args.size, quiet=True)
+    decode(root / "clip.mp4", store, Decoding(args.chunk_size, args.size), quiet=True)
     decoded = time.perf_counter()
     peak_reset(device)
     encode(

@@ -56,7 +56,7 @@ if workers:
 else:
     from segpipe.model import Weights, build_model
     from segpipe.stages.track.stage import track
-    from segpipe.store.tracking import Tracking
+    from segpipe.settings import Tracking
     group = __import__("zarr").open_group(store, mode="r")
     model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
     start = time.perf_counter()

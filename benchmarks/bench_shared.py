@@ -46,11 +46,11 @@ def main() -> int:
 
     import segpipe
     from segpipe.model import Weights, build_model
+    from segpipe.settings import Decoding, Tracking
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track import shared
     from segpipe.stages.track.stage import track
-    from segpipe.store.tracking import Tracking
 
     folder = Path(tempfile.mkdtemp(prefix="bench_shared"))
     try:
@@ -58,7 +58,7 @@ def main() -> int:
         make_sample.write_video(folder / "clip.mp4", frames)
         model = build_model("sam2.1_hiera_t", args.image_size, Weights(random_seed=0))
         base = folder / "base.zarr"
-        decode(folder / "clip.mp4", base, chunk_size=8, image_size=args.image_size, quiet=True)
+        decode(folder / "clip.mp4", base, Decoding(8, args.image_size), quiet=True)
         encode(base, random_weights=0, quiet=True, predictor=model)
         points = [
             {"object": i + 1, "frame": 0, "points": [[8 + (i % 8) * 38, 20 + (i // 8) * 40]]}

@@ -16,6 +16,7 @@ from segpipe.errors import BadInput
 from segpipe.estimate import Later
 from segpipe.model import DEFAULT_MODEL, resolve_weights
 from segpipe.results import Run
+from segpipe.settings import Decoding, Tracking
 from segpipe.space import SpaceGuard
 from segpipe.store.layout import export_folder  # noqa: F401 - segpipe.api.export_folder
 from segpipe.store.runstore import RunStore
@@ -64,12 +65,9 @@ def decode(
     decode_stage(
         Path(video),
         Path(store),
-        chunk_size,
-        image_size,
+        Decoding(chunk_size, image_size, stream, fps),
         quiet=not progress,
         force=force,
-        stream=stream,
-        fps=fps,
         space=space,
     )
     return Run(store)
@@ -218,7 +216,6 @@ def track(
     """
     from segpipe.dask.client import connect
     from segpipe.stages.track.stage import track as track_stage
-    from segpipe.store.tracking import Tracking
 
     tracking = Tracking(
         direction, frames, postprocessing, non_overlap, score_threshold, object_start, object_batch
@@ -348,7 +345,6 @@ def run(
     from segpipe.stages.export.stage import FORMATS
     from segpipe.store.lock import store_lock
     from segpipe.store.retention import check_keep, refuse_on_dask
-    from segpipe.store.tracking import Tracking
 
     exports = run_formats() if exports is None else list(exports)
     unknown = [f for f in exports if f not in FORMATS]
@@ -406,9 +402,7 @@ def run(
             space=space,
             cluster=cluster,
             quiet=quiet,
-            decoding=dict(
-                chunk_size=chunk_size, image_size=image_size, force=force, stream=stream, fps=fps
-            ),
+            decoding=Decoding(chunk_size, image_size, stream, fps),
             encoding=dict(
                 model=model,
                 checkpoint=checkpoint,
@@ -600,10 +594,10 @@ def studio(
         if image_size is None and not (store / "zarr.json").is_file():
             weights = resolve_weights(model or DEFAULT_MODEL, checkpoint, random_weights)
             image_size = defaults.trained_image_size(weights, not progress)
-        decoding = dict(chunk_size=chunk_size, image_size=image_size, stream=stream, fps=fps)
+        decoding = Decoding(chunk_size, image_size, stream, fps)
         space = SpaceGuard(store, ("decode",), "decode", quiet=not progress)
-        check_decode(path, store, **decoding, space=space)  # bad input: refused here, at once
-        source = dict(decoding, video=path)  # decoded in the page, with its progress
+        check_decode(path, store, decoding, space=space)  # bad input: refused here, at once
+        source = (path, decoding)  # decoded in the page, with its progress
         if "frame_count" not in RunStore.open(store, read_only=True).attrs:
             log.info(f"studio: {path} is decoded into {store} as the page shows", not progress)
         path = store

@@ -11,6 +11,7 @@ import click
 
 from segpipe import api, interrupt, log
 from segpipe.errors import SegpipeError, os_error_line
+from segpipe.settings import DEFAULTS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 STORE = click.option(
@@ -59,14 +60,14 @@ def decode_options(f):
         "--image-size",
         type=int,
         default=None,
-        show_default="1024, or the store's",
+        show_default=f"{DEFAULTS['image_size']}, or the store's",
         help="Model input size S (frames are resized to S x S; a multiple of 32).",
     )(f)
     f = click.option(
         "--chunk-size",
         type=int,
         default=None,
-        show_default="32, or the store's",
+        show_default=f"{DEFAULTS['chunk_size']}, or the store's",
         help="Frames per chunk: the unit of work, storage and resumption.",
     )(f)
     return f
@@ -630,7 +631,7 @@ def frame(source, at, out, grid, stream):
     "--chunk-size",
     type=int,
     default=None,
-    show_default="32",
+    show_default=str(DEFAULTS["chunk_size"]),
     help="Frames per chunk: the unit of work, storage and resumption.",
 )
 @click.option(

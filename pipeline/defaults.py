@@ -6,17 +6,11 @@ the command line's own defaults."""
 from __future__ import annotations
 
 from segpipe import log
-from segpipe.model import DEFAULT_MODEL, trained_size
+from segpipe.model import trained_size
+from segpipe.settings import DEFAULTS
 from segpipe.store.runstore import RunStore
 
-# the command line's defaults, where a store may hold another value
-COMMAND_LINE = {
-    "chunk_size": 32,
-    "image_size": 1024,
-    "model": DEFAULT_MODEL,
-    "embedding_dtype": "float32",
-    "keep": "all",
-}
+COMMAND_LINE = DEFAULTS  # the command line's defaults, where a store may hold another value
 OPTION = {"random_weights": "--random-weights"}  # the rest: --name-with-dashes
 
 

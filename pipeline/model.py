@@ -19,6 +19,7 @@ from pathlib import Path
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import regular_file, resolved
+from segpipe.settings import DEFAULTS
 from segpipe.sources.identity import file_identity
 from segpipe.store.runstore import RunStore
 
@@ -74,7 +75,7 @@ SHIPPED = {
     ),
 }
 MODELS = [*OFFICIAL, *SHIPPED]
-DEFAULT_MODEL = "sam2.1_hiera_t"
+DEFAULT_MODEL = DEFAULTS["model"]
 CHECKPOINT_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/{release}/{file}"
 
 

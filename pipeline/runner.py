@@ -12,6 +12,7 @@ from pathlib import Path
 
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
+from segpipe.settings import Decoding, Tracking
 from segpipe.sources.registry import named, probe
 from segpipe.stages.decode import decode as decode_stage
 from segpipe.stages.decode import recorded_kind
@@ -20,7 +21,6 @@ from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import keep_setting, set_keep
-from segpipe.store.tracking import Tracking
 
 
 def run(
@@ -28,7 +28,7 @@ def run(
     store,
     prompts,
     *,
-    decoding: dict,
+    decoding: Decoding,
     encoding: dict,
     tracking: Tracking,
     groups: int | None,
@@ -38,8 +38,9 @@ def run(
     cluster,
     quiet: bool,
 ) -> None:
-    """Every stage on `store`, with the keyword arguments decode and encode take (`decoding`,
-    `encoding`; track takes the device, weights and environment setting from `encoding`),
+    """Every stage on `store`: decoding with `decoding`'s settings, encoding with the keyword
+    arguments encode takes (`encoding`: track takes its device, weights, `force` and
+    environment setting from there too),
     the tracking's settings (`tracking`) and its `groups`; `space` is asked before each stage writes, `cluster` (or
     None) runs the encoding, tracking and export chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
@@ -47,10 +48,11 @@ def run(
     decoded = decode_stage(
         Path(video),
         Path(store),
+        decoding,
         quiet=quiet,
+        force=encoding["force"],
         space=space,
         write_frames=_frames_written(keep) if prompts is not None else None,
-        **decoding,
     )
     set_keep(decoded, keep)
     if prompts is not None:  # the frame range too, now that it is known, before encoding

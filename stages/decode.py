@@ -17,6 +17,7 @@ from segpipe import log
 from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.fsutil import fsync_path, resolved
+from segpipe.settings import Decoding
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
 from segpipe.sources.registry import for_store, identity, named, probe, same_source
 from segpipe.sources.video import DecodeError, is_damage, video_streams
@@ -26,36 +27,23 @@ from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader, source_from
 
 STAGE = "decode"
-DEFAULT_CHUNK_SIZE = 32
-DEFAULT_IMAGE_SIZE = 1024
 
 
 def open_or_create_store(
-    video: Path,
-    store_path: Path,
-    chunk_size: int | None,
-    image_size: int | None,
-    force: bool = False,
-    stream: int | None = None,
-    fps: float | None = None,
-    space=None,
+    video: Path, store_path: Path, decoding: Decoding, force: bool = False, space=None
 ) -> RunStore:
     """Check the video and the settings against the store before anything is written.
     With `force`, a store made from another video or with other settings is started over
     (everything in it is recomputed) instead of refused. `space` (an
     `space.SpaceGuard`) is asked before the first write, when decoding is left to do."""
     video = Path(video)
-    for name, value in (("--chunk-size", chunk_size), ("--image-size", image_size)):
-        if value is not None and value < 1:
-            raise BadInput(f"{name} must be a positive integer, got {value}")
-    if image_size is not None and image_size % 32:
-        raise BadInput(f"--image-size must be a multiple of 32 (SAM 2's stride), got {image_size}")
+    stream, fps = decoding.check().stream, decoding.fps
     info = probe(video, stream, fps, recorded_kind(store_path))
-    C, S = chunk_size or DEFAULT_CHUNK_SIZE, image_size or DEFAULT_IMAGE_SIZE
+    C, S = decoding.sizes()
     if RunStore.exists(store_path):
         store = RunStore.open(store_path)
         try:
-            check_store(store, video, chunk_size, image_size, stream, fps)
+            check_store(store, video, decoding)
         except StoreMismatch as mismatch:
             if not force:
                 raise
@@ -112,63 +100,42 @@ def say_which_stream(video: Path, info, chosen: bool) -> None:
         )
 
 
-def check_store(
-    store: RunStore, video: Path, chunk_size, image_size, stream=None, fps=None
-) -> None:
+def check_store(store: RunStore, video: Path, decoding: Decoding) -> None:
+    """The store was made from this source, with these settings (those given)."""
     source = store.attrs["source"]
     if not same_source(source, video, store.attrs["video"].get("kind")):
         raise StoreMismatch(
             f"store {store.path} was made from another video ({source['path']}, "
             f"sha256 {source['sha256'][:12]}), not {video}"
         )
-    if chunk_size is not None:
-        store.require("chunk_size", store.attrs["chunk_size"], chunk_size)
-    if image_size is not None:
-        store.require("image_size", store.attrs["image_size"], image_size)
-    if stream is not None:
-        store.require("--stream", store.attrs["video"].get("stream"), stream)
-    if fps is not None:
-        store.require("--fps", store.attrs["video"]["fps"], float(fps))
+    decoding.against(store)
 
 
 @holds_store_lock
-def check(
-    video: Path,
-    store_path: Path,
-    chunk_size: int | None = None,
-    image_size: int | None = None,
-    stream: int | None = None,
-    fps: float | None = None,
-    space=None,
-) -> RunStore:
+def check(video: Path, store_path: Path, decoding: Decoding, space=None) -> RunStore:
     """decode's checks, and the store made, with nothing decoded yet: bad input is refused
     before any work (segpipe studio checks here, then decodes in its page)."""
-    return open_or_create_store(
-        video, store_path, chunk_size, image_size, False, stream, fps, space
-    )
+    return open_or_create_store(video, store_path, decoding, False, space)
 
 
 @holds_store_lock
 def decode(
     video: Path,
     store_path: Path,
-    chunk_size: int | None = None,
-    image_size: int | None = None,
+    decoding: Decoding | None = None,
+    *,
     quiet: bool = False,
     force: bool = False,
-    stream: int | None = None,
-    fps: float | None = None,
     write_frames=None,
     space=None,
 ) -> RunStore:
-    """Decode `video` into the store, resuming an unfinished decode. `write_frames(store)`
+    """Decode `video` into the store, resuming an unfinished decode, with `decoding`'s
+    settings (None: the store's, else the defaults). `write_frames(store)`
     False: the frames are not written, only counted, timed and digested, each chunk
     recorded dropped (`run --keep masks`: its passes decode again the chunks they encode,
     and keep those frames in memory only). `space` (an `space.SpaceGuard`) is asked before
     the first write."""
-    store = open_or_create_store(
-        video, store_path, chunk_size, image_size, force, stream, fps, space
-    )
+    store = open_or_create_store(video, store_path, decoding or Decoding(), force, space)
     if "frame_count" in store.attrs:
         _redecode_or_done(store, video, quiet)
         return store

@@ -20,12 +20,12 @@ from conftest import (
 )
 from PIL import Image
 
+from segpipe.settings import Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.export.stage import FORMATS, export
 from segpipe.stages.export.writers import compose, davis_palette
 from segpipe.stages.track.stage import track
 from segpipe.store import masks as maskio
-from segpipe.store.tracking import Tracking
 
 
 @pytest.fixture(scope="module")

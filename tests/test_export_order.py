@@ -17,6 +17,7 @@ from av.video.frame import PictureType
 from conftest import tree_digest
 
 from segpipe.errors import StoreMismatch
+from segpipe.settings import Decoding, Tracking
 from segpipe.sources.video import SEEK_BACKOFF_S
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
@@ -24,7 +25,6 @@ from segpipe.stages.export.stage import Export, export
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader
-from segpipe.store.tracking import Tracking
 
 FRAMES, C = 18, 4
 # B-frame H.264 (libx264's default, 3 B-frames) with a keyframe every 4 frames, in the
@@ -48,7 +48,7 @@ def clip(tmp_path_factory):
 def stores(clip):
     root, videos, _ = clip
     for suffix, video in videos.items():
-        decode(video, root / f"{suffix}.zarr", chunk_size=C, image_size=32, quiet=True)
+        decode(video, root / f"{suffix}.zarr", Decoding(C, 32), quiet=True)
     return {suffix: root / f"{suffix}.zarr" for suffix in videos}
 
 
@@ -147,7 +147,7 @@ def test_a_seek_onto_a_picture_without_its_references_is_never_trusted(tmp_path)
                 if not np.array_equal(np.asarray(seen[-1].to_image()), decoded[lo - 1][1]):
                     torn[back].append(lo)
     assert all(torn.values()), f"the premise: seeks that land on torn pictures ({torn})"
-    decode(video, tmp_path / "s.zarr", chunk_size=C, image_size=32, quiet=True)
+    decode(video, tmp_path / "s.zarr", Decoding(C, 32), quiet=True)
     store = RunStore.open(tmp_path / "s.zarr")
     for lo in range(C, len(decoded), C):
         got = list(SourceReader(store, video).frames(lo, min(C, len(decoded) - lo)))

@@ -81,6 +81,7 @@ def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, untra
     import numpy as np
     from PIL import Image
 
+    from segpipe.settings import Decoding
     from segpipe.stages.decode import decode
 
     video = small / "clip.mp4"
@@ -110,7 +111,7 @@ def test_frame_shows_frame_n_at_the_videos_size_to_read_prompts_off(small, untra
     source = tmp_path / "clip.mp4"
     shutil.copy(video, source)
     store2 = tmp_path / "s2.zarr"
-    decode(source, store2, chunk_size=4, image_size=128, quiet=True)
+    decode(source, store2, Decoding(4, 128), quiet=True)
     source.rename(moved / "clip.mp4")
     scaled = tmp_path / "scaled.png"
     proc = segpipe("frame", store2, "--at", 13, "--out", scaled, "--grid", 0)
@@ -216,6 +217,7 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
     segpipe_tiny, not the command line's sam2.1_hiera_t), image and chunk size come from
     the store, said once; it used to end in `no weights for sam2.1_hiera_t`."""
     import segpipe as api
+    from segpipe.settings import Decoding
     from segpipe.stages.decode import decode
 
     store = tmp_path / "s.zarr"
@@ -240,7 +242,7 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
     ], again.stderr
     assert "already complete" in again.stderr
     seeded = tmp_path / "seeded.zarr"
-    decode(video, seeded, chunk_size=4, image_size=128, quiet=True)
+    decode(video, seeded, Decoding(4, 128), quiet=True)
     api.encode(seeded, random_weights=3, progress=False)
     proc = segpipe("encode", "--store", seeded)
     assert proc.returncode == 0, proc.stderr

@@ -27,12 +27,12 @@ from oracle import oracle_tracking, sam2_predictor
 from PIL import Image
 from test_track import assert_matches_oracle
 
+from segpipe.settings import Decoding, Tracking
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.groups import object_groups, split
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import Tracking
 
 T, W, H = 12, 96, 72
 SIZE = IMAGE_SIZE
@@ -53,7 +53,7 @@ def clip(tmp_path_factory, predictor):
     make_sample.write_video(root / "clip.mp4", frames)
     for C in (1, 4):
         store = root / f"c{C}.zarr"
-        decode(root / "clip.mp4", store, chunk_size=C, image_size=SIZE, quiet=True)
+        decode(root / "clip.mp4", store, Decoding(C, SIZE), quiet=True)
         encode(store, random_weights=0, quiet=True, predictor=predictor)
     return root
 

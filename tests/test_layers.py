@@ -47,6 +47,7 @@ LAYERS = {
         "segpipe.store.masks",
         "segpipe.store.tracking",
         "segpipe.store.source",
+        "segpipe.settings",
     ],
     # weights to a SAM 2 predictor, and the compute environment it runs in
     "model": ["segpipe.model", "segpipe.environment"],

@@ -15,9 +15,9 @@ from oracle import oracle_tracking, same_bits
 
 import segpipe as api
 from segpipe.model import Weights, build_model
+from segpipe.settings import Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
-from segpipe.store.tracking import Tracking
 
 SIZE, T = 64, 10
 

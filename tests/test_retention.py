@@ -173,8 +173,8 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
 def retrack(store: Path, prompts: Path, direction: str) -> int:
     """`track` in this process with new prompts; the frames the image encoder saw."""
     from segpipe.model import Weights, build_model
+    from segpipe.settings import Tracking
     from segpipe.stages.track.stage import track
-    from segpipe.store.tracking import Tracking
 
     predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=0))
     calls = EncoderCalls(predictor)

@@ -14,7 +14,7 @@ from conftest import IMAGE_SIZE, assert_user_error, segpipe
 from oracle import oracle_tracking, same_bits
 from PIL import Image
 
-from segpipe.store.tracking import Tracking
+from segpipe.settings import Tracking
 
 S = 64
 

@@ -152,6 +152,7 @@ def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(
     tmp_path, monkeypatch, clip_dir
 ):
     """A spy on os.fsync (it still syncs) records what was made durable, in order."""
+    from segpipe.settings import Decoding
     from segpipe.stages.decode import decode
 
     synced = []
@@ -163,7 +164,7 @@ def test_commit_fsyncs_the_directories_of_new_chunks_before_the_ledger(
 
     monkeypatch.setattr(os, "fsync", spy)
     store = (tmp_path / "s.zarr").resolve()
-    decode(clip_dir / "clip.mp4", store, chunk_size=8, image_size=32, quiet=True)
+    decode(clip_dir / "clip.mp4", store, Decoding(8, 32), quiet=True)
     monkeypatch.undo()
     previous = 0
     for k in range(5):  # each chunk's own fsyncs: those since the previous ledger entry

@@ -611,13 +611,14 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
     first job (the store is `segpipe decode`'s), the preview encodes its frame alone (one
     encoder call, nothing written), Track encodes the chunks as it tracks them; the store is
     then `segpipe encode --model segpipe_tiny` and `segpipe track` on the decoded store."""
+    from segpipe.settings import Decoding
     from segpipe.web.server import StudioServer
 
     store = tmp_path / "clip.zarr"
     before = tmp_path / "before.zarr"
     here("decode", small / "clip.mp4", "--store", before, "--chunk-size", 4, "--image-size", 128)
     entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
-    source = dict(video=small / "clip.mp4", chunk_size=4, image_size=128, stream=None, fps=None)
+    source = (small / "clip.mp4", Decoding(chunk_size=4, image_size=128))
     server = StudioServer(store, port=0, model=dict(model="segpipe_tiny"), source=source).start()
     try:
         url = server.url

@@ -29,11 +29,11 @@ from conftest import (
 )
 from oracle import oracle_tracking, same_bits
 
+from segpipe.settings import Decoding, Tracking
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import Tracking
 
 T = 40
 CHUNK_SIZES = [1, 3, 7, 16, 64]
@@ -47,7 +47,7 @@ def stores(tmp_path_factory, clip_dir, predictor):
     out = {}
     for C in CHUNK_SIZES:
         store = root / f"c{C}.zarr"
-        decode(clip_dir / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, quiet=True)
+        decode(clip_dir / "clip.mp4", store, Decoding(C, IMAGE_SIZE), quiet=True)
         encode(store, random_weights=0, quiet=True, predictor=predictor)
         out[C] = store
     return out

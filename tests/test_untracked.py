@@ -10,10 +10,10 @@ import zarr
 from conftest import IMAGE_SIZE, assert_same_store, segpipe
 from PIL import Image
 
+from segpipe.settings import Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import Tracking
 
 C = 4
 START = 9  # the earliest prompt of clip_dir's prompts: chunk 2 holds frames 8..11

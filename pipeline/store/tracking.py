@@ -4,7 +4,6 @@ outputs into masks. Read by track and export (without importing torch)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
@@ -23,49 +22,6 @@ OPTIONS = {
 }
 ABSENT_LOGIT = -1024.0  # an object before its own start, as vos_inference fills it
 DIRECTIONS = ("both", "forward", "reverse")
-
-
-@dataclass(frozen=True)
-class Tracking:
-    """What a tracking computes, as given to `track`, `run`, the studio or a dataset (the
-    command line's options and the API's keywords have these names). None is the store's
-    recorded setting, else the default: direction "both", the whole video, `OPTIONS`, one
-    object at a time. `resolve` is the one place they are filled in and checked."""
-
-    direction: str | None = None
-    frames: object = None  # the window: "A:B", "A:", ":B", a slice or (A, B or None)
-    postprocessing: bool | None = None
-    non_overlap: bool | None = None
-    score_threshold: float | None = None
-    object_start: str | None = None
-    object_batch: int | None = None
-
-    def resolve(self, store: RunStore, prompts: list | None) -> "Resolved":
-        """Given, else the store's, else the default; checked against the video and (the
-        window) against the passes from the earliest of `prompts`."""
-        direction = self.direction or (stored_settings(store) or {}).get("direction", "both")
-        if direction not in DIRECTIONS:
-            raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
-        options = self.options(store, direction)
-        window = (
-            None if prompts is None else _window(store, self.frames, prompts, direction, options)
-        )
-        return Resolved(direction, options, window)
-
-    def options(self, store: RunStore, direction: str) -> dict:
-        """The options that turn SAM 2's outputs into masks (the store records them)."""
-        given = {k: getattr(self, k) for k in (*OPTIONS, "object_batch")}
-        return _options(store, direction, given)
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A tracking's settings, filled in and checked: the direction, the options (as the
-    store records them) and the window ([lo, hi); None: the whole video)."""
-
-    direction: str
-    options: dict
-    window: list | None
 
 
 # The prompts the next tracking without new prompts takes, where they are not the tracked
@@ -127,8 +83,9 @@ def stored_settings(store: RunStore) -> dict | None:
     return store.attrs.get("track")
 
 
-def _options(store: RunStore, direction: str, given: dict) -> dict:
-    """Options given, else the store's, else SAM 2's predictor defaults; checked."""
+def tracking_options(store: RunStore, direction: str, given: dict) -> dict:
+    """Options given (None: not given), else the store's, else SAM 2's predictor defaults
+    (`OPTIONS`); checked. `settings.Tracking.resolve` is what calls it."""
     stored = (stored_settings(store) or {}).get("options", OPTIONS)
     options = {**stored, **{k: v for k, v in given.items() if v is not None}}
     if options["object_start"] not in OBJECT_STARTS:
@@ -163,7 +120,7 @@ def _options(store: RunStore, direction: str, given: dict) -> dict:
     return options
 
 
-def _window(store: RunStore, frames, prompts: list, direction: str, options: dict):
+def tracking_window(store: RunStore, frames, prompts: list, direction: str, options: dict):
     """The tracking window [lo, hi) asked for (None: the store's), checked against the video
     and the passes; None when it is the whole video."""
     T = store.attrs["frame_count"]
@@ -186,10 +143,10 @@ def _window(store: RunStore, frames, prompts: list, direction: str, options: dic
 
 
 def preview_options(store: RunStore, direction: str) -> dict:
-    """The options a preview of one frame depends on: the store's (`Tracking.options`), less the
+    """The options a preview of one frame depends on: the store's (`tracking_options`), less the
     object batch (how a tracking computes, not what a frame shows): changing it alone
     rebuilds no model."""
-    options = Tracking().options(store, direction)
+    options = tracking_options(store, direction, {})
     options.pop("object_batch", None)
     return options
 

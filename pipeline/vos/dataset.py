@@ -18,6 +18,7 @@ from pathlib import Path
 from segpipe import log
 from segpipe.errors import BadInput, SegpipeError
 from segpipe.model import DEFAULT_MODEL
+from segpipe.settings import Decoding, Tracking
 from segpipe.stages.export.writers import make_folder
 from segpipe.vos.inputs import Layout, VideoInputs, read_inputs, video_names
 
@@ -150,7 +151,9 @@ class VideoRunner:
         from segpipe.stages.encode import encode
 
         o = self.options
-        decoded = decode(inputs.frames, store, o.chunk_size, o.image_size, quiet=self.quiet)
+        decoded = decode(
+            inputs.frames, store, Decoding(o.chunk_size, o.image_size), quiet=self.quiet
+        )
         predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
         encode(
             store,
@@ -189,7 +192,6 @@ class VideoRunner:
     def _track(self, store: Path, inputs: VideoInputs, predictor, exporting) -> None:
         """Track the video forward from its prompts with the tool's settings, exporting."""
         from segpipe.stages.track.stage import track
-        from segpipe.store.tracking import Tracking
 
         o = self.options
         tracking = Tracking(

@@ -28,12 +28,12 @@ from segpipe.errors import (
 from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
+from segpipe.settings import Tracking
 from segpipe.store.lock import Claim, holder, store_lock
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import (
     DIRECTIONS,
     DRAFT,
-    Tracking,
     draft_prompts,
     next_prompts,
     save_draft,
@@ -43,8 +43,8 @@ from segpipe.store.tracking import (
 
 class Studio:
     """One store's studio. `read_only`: another process writes the store (or was asked):
-    the page can look but not change prompts or track. `source` (decode's `video` and its
-    options): a store not fully decoded yet is decoded from it, as the studio's first job,
+    the page can look but not change prompts or track. `source` ((video, `Decoding`), what
+    decode is given): a store not fully decoded yet is decoded from it, as the studio's first job,
     its progress in the page; meanwhile the store's frames and masks are not there yet."""
 
     def __init__(
@@ -54,7 +54,7 @@ class Studio:
         checkpoint: str | None = None,
         random_weights: int | None = None,
         device: str = "auto",
-        source: dict | None = None,
+        source: tuple | None = None,
         allow_env_change: bool = False,
     ):
         from segpipe.model import DEFAULT_MODEL
@@ -115,9 +115,9 @@ class Studio:
     def _decode(self, job: "Job") -> str:
         from segpipe.stages.decode import decode
 
-        source = dict(self.source)
+        video, decoding = self.source
         with log.watching(job.watch):
-            decode(source.pop("video"), self.path, quiet=True, **source)
+            decode(video, self.path, decoding, quiet=True)
         self._opened()  # then the store is there for every request
         self.decoding = False
         self.warm()

@@ -34,6 +34,7 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
+from segpipe.settings import Tracking
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
@@ -43,7 +44,6 @@ from segpipe.store.retention import keep_setting, on_disk, sweep
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import stored_source
 from segpipe.store.tracking import (
-    Tracking,
     draft_prompts,
     drop_draft,
     next_prompts,
@@ -146,7 +146,7 @@ def track(
     track; with `draft` False, those of the last track: a repair), resuming or repairing
     whatever is not done.
 
-    `tracking` (`store.tracking.Tracking`: direction, window, options; None: all the
+    `tracking` (`settings.Tracking`: direction, window, options; None: all the
     store's) says what is computed; what it leaves None is the store's, else the default
     (`Tracking.resolve`). `on_commit(direction, chunk)` is
     called after each chunk a pass commits (`run` and the dataset command export it then).
