@@ -38,11 +38,9 @@ def run(
     cluster,
     quiet: bool,
 ) -> None:
-    """Every stage on `store`: decoding with `decoding`'s settings, encoding with the keyword
-    arguments encode takes (`encoding`: track takes its device, weights, `force` and
-    environment setting from there too),
-    the tracking's settings (`tracking`) and its `groups`; `space` is asked before each stage writes, `cluster` (or
-    None) runs the encoding, tracking and export chunks on Dask."""
+    """Every stage on `store`, with the settings of each (`encoding`: encode's keywords, whose
+    device, weights, `force` and environment setting decode and track take too); `space`
+    is asked before each stage writes, `cluster` (or None) runs chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
 
     decoded = decode_stage(
