@@ -218,7 +218,13 @@ def track(
     from segpipe.stages.track.stage import track as track_stage
 
     tracking = Tracking(
-        direction, frames, postprocessing, non_overlap, score_threshold, object_start, object_batch
+        direction=direction,
+        frames=frames,
+        postprocessing=postprocessing,
+        non_overlap=non_overlap,
+        score_threshold=score_threshold,
+        object_start=object_start,
+        object_batch=object_batch,
     )
     with connect(
         workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
@@ -415,13 +421,13 @@ def run(
                 allow_env_change=allow_env_change,
             ),
             tracking=Tracking(
-                direction,
-                frames,
-                postprocessing,
-                non_overlap,
-                score_threshold,
-                object_start,
-                object_batch,
+                direction=direction,
+                frames=frames,
+                postprocessing=postprocessing,
+                non_overlap=non_overlap,
+                score_threshold=score_threshold,
+                object_start=object_start,
+                object_batch=object_batch,
             ),
             groups=groups,
         )

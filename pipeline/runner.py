@@ -38,8 +38,8 @@ def run(
     cluster,
     quiet: bool,
 ) -> None:
-    """Every stage on `store`, with the settings of each (`encoding`: encode's keywords, whose
-    device, weights, `force` and environment setting decode and track take too); `space`
+    """Every stage on `store`, with the settings of each (`encoding`: encode's keywords; decode
+    takes its `force`, track its device, weights and environment setting); `space`
     is asked before each stage writes, `cluster` (or None) runs chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
 

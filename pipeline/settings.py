@@ -1,5 +1,6 @@
 """Settings as frozen objects, one per concern, each filled in and checked in one place: what
-was given, else the store's record, else `DEFAULTS`. The command line's options and the
+was given, else the store's record, else `DEFAULTS` (a `Decoding` given is held against the
+store's record; `defaults.fill` takes the store's for `run`). The command line's options and the
 API's keywords have the fields' names.
 
 - `Decoding`: chunk and image size, a video's stream, a frame folder's or stack's rate.
@@ -44,9 +45,9 @@ class Decoding:
         """Refuses sizes that cannot be (before anything is read or written)."""
         for name, value in (("--chunk-size", self.chunk_size), ("--image-size", self.image_size)):
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
+                isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
             ):
-                raise BadInput(f"{name} must be a positive integer, got {value}")
+                raise BadInput(f"{name} must be a positive integer, got {value!r}")
         if self.image_size is not None and self.image_size % 32:
             raise BadInput(
                 f"--image-size must be a multiple of 32 (SAM 2's stride), got {self.image_size}"
@@ -92,8 +93,8 @@ class Tracking:
         from segpipe.store.tracking import (
             DIRECTIONS,
             OPTIONS,
+            resolve_options,
             stored_settings,
-            tracking_options,
             tracking_window,
         )
 
@@ -102,7 +103,7 @@ class Tracking:
         if direction not in DIRECTIONS:
             raise BadInput(f"--direction must be one of {', '.join(DIRECTIONS)}")
         given = {k: getattr(self, k) for k in (*OPTIONS, "object_batch")}
-        options = tracking_options(store, direction, given)
+        options = resolve_options(store, direction, given)
         window = (
             None
             if prompts is None

@@ -83,7 +83,7 @@ def stored_settings(store: RunStore) -> dict | None:
     return store.attrs.get("track")
 
 
-def tracking_options(store: RunStore, direction: str, given: dict) -> dict:
+def resolve_options(store: RunStore, direction: str, given: dict) -> dict:
     """Options given (None: not given), else the store's, else SAM 2's predictor defaults
     (`OPTIONS`); checked. `settings.Tracking.resolve` is what calls it."""
     stored = (stored_settings(store) or {}).get("options", OPTIONS)
@@ -143,10 +143,10 @@ def tracking_window(store: RunStore, frames, prompts: list, direction: str, opti
 
 
 def preview_options(store: RunStore, direction: str) -> dict:
-    """The options a preview of one frame depends on: the store's (`tracking_options`), less the
+    """The options a preview of one frame depends on: the store's (`resolve_options`), less the
     object batch (how a tracking computes, not what a frame shows): changing it alone
     rebuilds no model."""
-    options = tracking_options(store, direction, {})
+    options = resolve_options(store, direction, {})
     options.pop("object_batch", None)
     return options
 

@@ -57,7 +57,7 @@ class StudioServer:
         port=8765,
         model: dict | None = None,
         device="auto",
-        source: dict | None = None,
+        source: tuple | None = None,
     ):
         from segpipe.web.app import make_app
         from segpipe.web.session import Studio
