@@ -132,13 +132,14 @@ def segpipe_steps(timers: Timers) -> None:
     """Timers around segpipe's host steps."""
     from segpipe import fsutil
     from segpipe.sources import frames
-    from segpipe.stages import decode, encode
+    from segpipe.stages import alongside, decode, encode
     from segpipe.stages.export import as_tracked
     from segpipe.stages.track import memory, stage, supply, tracker
     from segpipe.store import features, masks, runstore
 
     steps = [
-        (decode, "_decode_chunks", "decode: whole video before tracking (main thread)"),
+        (decode, "decode_chunks", "decode: first pass (before the tracking or alongside it)"),
+        (alongside.Alongside, "wait", "waiting for a chunk to be decoded (alongside)"),
         (decode.Redecoder, "frames", "decode again (--keep masks: into memory)"),
         (decode.Redecoder, "chunk", "decode again, written (repair)"),
         (frames, "model_input", "resize to the model's input"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segpipe import log
-from segpipe.errors import DamagedStore, SegpipeError
+from segpipe.errors import DamagedStore, SegpipeError, StoreNotReady
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.store.layout import TRACK_ARRAYS, memory_arrays
 from segpipe.store.ledger import object_stage
@@ -71,6 +71,11 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
     track = store.attrs.get("track")
     if track is None:
         return found, redo
+    if "frame_count" not in store.attrs:  # tracked alongside a decode, both stopped
+        raise StoreNotReady(
+            f"store {store.path} stopped while it decoded and tracked at once: run `segpipe "
+            f"run` again to finish both, then repair"
+        )
     T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
     plan = ChunkPlan(T, C)
     for d in passes(track["direction"]):

@@ -1,5 +1,7 @@
 """The pipelined run (`segpipe run`, `segpipe.run`): decode, then, with prompts, each chunk
-encoded just before a pass tracks it and exported as soon as its masks are final.
+encoded just before a pass tracks it and exported as soon as its masks are final. Where the
+source claims its frame count, the tracking starts as the video decodes
+(`stages.alongside`), not once it is decoded.
 
 The whole run holds the store's lock (Dask's workers write under it), and each stage it
 calls resumes where the store stopped, so a rerun after a crash redoes at most the chunks
@@ -10,10 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from segpipe import log
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
 from segpipe.settings import Decoding, Tracking
 from segpipe.sources.registry import named, probe
+from segpipe.stages.alongside import CountChanged
+from segpipe.stages.alongside import start as start_alongside
 from segpipe.stages.decode import decode as decode_stage
 from segpipe.stages.decode import recorded_kind
 from segpipe.stages.export.as_tracked import ExportsAsTracked
@@ -21,6 +26,7 @@ from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import keep_setting, set_keep
+from segpipe.store.runstore import RunStore
 
 
 def run(
@@ -43,28 +49,103 @@ def run(
     is asked before each stage writes, `cluster` (or None) runs chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
 
-    decoded = decode_stage(
-        Path(video),
-        Path(store),
-        decoding,
-        quiet=quiet,
-        force=encoding["force"],
-        space=space,
-        write_frames=_frames_written(keep) if prompts is not None else None,
+    write_frames = _frames_written(keep) if prompts is not None else None
+    alongside = _decoded(
+        video, store, decoding, prompts, cluster, encoding["force"], space, write_frames, quiet
     )
-    set_keep(decoded, keep)
-    if prompts is not None:  # the frame range too, now that it is known, before encoding
-        video_attrs = decoded.attrs["video"]
-        prompt_file.load(
-            prompts, decoded.attrs["frame_count"], video_attrs["width"], video_attrs["height"]
+    try:
+        set_keep(RunStore.open(store), keep)
+        if prompts is not None:  # the frame range too, now that it is known, before encoding
+            alongside = _frames_checked(store, prompts, alongside, quiet)
+        encoding = dict(encoding, quiet=quiet, space=space)
+        if prompts is None:
+            encode_stage(store, **encoding, cluster=cluster)
+            return
+        # the model, checked and recorded (on Dask, every chunk encoded: the workers have
+        # nothing else to do yet)
+        encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
+        if alongside is not None:  # (once the prompts and model are checked: see alongside)
+            alongside.begin()
+        args = (store, prompts, tracking, encoding, exports, groups, cluster, space, quiet)
+        exporting = _tracked_to_the_count(video, args, alongside, encode_stage)
+        exporting.finish(quiet)
+        if keep_setting(RunStore.open(store)) == "all" and cluster is None:  # the chunks no
+            encode_stage(store, **encoding)  # pass needed: re-prompting is then free
+    finally:
+        if alongside is not None:
+            alongside.close()
+
+
+def _decoded(video, store, decoding, prompts, cluster, force, space, write_frames, quiet):
+    """The video decoded; or, for a tracking in this process, its decode to run alongside
+    (returned, to `begin`) where the source claims its count (`stages.alongside`)."""
+    how = dict(force=force, space=space, write_frames=write_frames, quiet=quiet)
+    if prompts is not None and cluster is None:
+        alongside = start_alongside(Path(video), Path(store), decoding, **how)
+        if alongside is not None:
+            return alongside
+    decode_stage(Path(video), Path(store), decoding, **how)
+    return None
+
+
+def _frames_checked(store, prompts, alongside, quiet: bool):
+    """The prompts' frames checked against the count the tracking works to. A prompt past a
+    count claimed (`alongside`) may be within the frames the video decodes to: the video
+    is then decoded before the tracking (None returned: nothing decodes alongside)."""
+    try:
+        _check_frames(store, prompts)
+        return alongside
+    except BadInput:
+        if alongside is None:
+            raise
+        _check_frames(store, prompts, 1 << 62)  # (only the frames were refused)
+    log.info(
+        f"run: a prompt past the {alongside.claimed} frames {alongside.claimant}: "
+        "decoding the video before the tracking",
+        quiet,
+    )
+    alongside.begin()
+    alongside.finish()
+    alongside.close()
+    _check_frames(store, prompts)
+    return None
+
+
+def _tracked_to_the_count(video, args, alongside, encode_stage) -> ExportsAsTracked:
+    """`_tracked(*args)`; where the video decodes to another count than the one claimed,
+    which the tracking worked to (`alongside`), the tracking again on the count decoded
+    (its features made for the other count too)."""
+    try:
+        exporting = _tracked(*args)
+        if alongside is not None and alongside.finish() != alongside.claimed:
+            raise CountChanged("the video decodes past its container's count")
+        return exporting
+    except CountChanged:
+        T = alongside.finish()
+        store, prompts, encoding, quiet = args[0], args[1], args[3], args[-1]
+        log.info(
+            f"run: {video} decodes to {T} frames, not the {alongside.claimed} "
+            f"{alongside.claimant}: tracking again on {T}",
+            quiet,
         )
-    encoding = dict(encoding, quiet=quiet, space=space)
-    if prompts is None:
-        encode_stage(store, **encoding, cluster=cluster)
-        return
-    # the model, checked and recorded (on Dask, every chunk encoded: the workers have
-    # nothing else to do yet)
-    encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
+        _check_frames(store, prompts)
+        encode_stage(store, **encoding, chunks=[])
+        return _tracked(*args, force=True)
+
+
+def _check_frames(store, prompts, count: int | None = None) -> None:
+    """The prompts against the frame count (the one the tracking works to), or `count`."""
+    opened = RunStore.open(store)
+    video = opened.attrs["video"]
+    count = opened.frame_count if count is None else count
+    prompt_file.load(prompts, count, video["width"], video["height"])
+
+
+def _tracked(
+    store, prompts, tracking, encoding, exports, groups, cluster, space, quiet, force=False
+) -> ExportsAsTracked:
+    """The tracking, its chunks exported as they are committed (`force`: tracked anew); the
+    exports, to finish."""
     exporting = ExportsAsTracked(
         store, [dict(fmt=f, out=export_folder(store) / FORMATS[f].output) for f in exports], cluster
     )
@@ -75,6 +156,7 @@ def run(
         device=encoding["device"],
         checkpoint=encoding["checkpoint"],
         quiet=quiet,
+        force=force,
         on_commit=exporting.committed,
         batch_size=encoding["batch_size"],
         cluster=cluster,
@@ -82,9 +164,7 @@ def run(
         groups=groups,
         allow_env_change=encoding["allow_env_change"],
     )
-    exporting.finish(quiet)
-    if keep_setting(decoded) == "all" and cluster is None:  # the chunks no pass needed:
-        encode_stage(store, **encoding)  # re-prompting is then free
+    return exporting
 
 
 def _frames_written(keep: str | None):
@@ -103,9 +183,9 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, sto
     boxes and masks against the frame size, object ids against the exports (DAVIS PNGs hold
     ids 1..255), frames against the frame count known before decoding: a frame folder's,
     or the count a video's container records, where it records one (a frame past it, and
-    past what its duration claims, is refused before an hour of decoding). The container's
-    count is its claim, so `run` checks the frames again once the video is decoded, before
-    anything is encoded."""
+    past what its duration claims, is refused before an hour of decoding; on a store decoded
+    already, past its frames too). The container's count is its claim, so `run` checks the
+    frames again against the count it tracks to, before anything is encoded."""
     info = probe(Path(video), stream, fps, None if store is None else recorded_kind(store))
     known = (
         info.claimed_frames
@@ -114,6 +194,8 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, sto
         if info.container_frames
         else 1 << 62
     )
+    if store is not None and RunStore.exists(store):  # decoded already: the frames decoded
+        known = max(known, RunStore.open(store, read_only=True).attrs.get("frame_count") or 0)
     loaded = prompt_file.load(prompts, known, info.width, info.height)
     ids = prompt_file.object_ids(loaded)
     if "davis" in exports and any(not 1 <= i <= 255 for i in ids):

@@ -92,7 +92,10 @@ def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> t
         claimed = (attrs.get("video") or {}).get("claimed_frames") or None
         orders["decode"] = (range(len(store.ledger("decode").done())), lambda k: C, claimed)
     track = attrs.get("track")
-    if track:
+    if track and T is None:  # tracking alongside an unfinished decode: its total is not known
+        for d in passes(track["direction"]):
+            stages[pass_stage(d)] = {"done": store.pass_ledger(d).count(), "total": None}
+    elif track:
         span = Span.of(track, T)
         for d in passes(track["direction"]):
             chunks = span.chunks(ChunkPlan(T, C), d)

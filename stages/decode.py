@@ -29,6 +29,10 @@ from segpipe.store.source import SourceReader, source_from
 STAGE = "decode"
 
 
+class Stopped(Exception):
+    """A decode alongside the tracking was asked to stop (`stages.alongside`)."""
+
+
 def open_or_create_store(
     video: Path, store_path: Path, decoding: Decoding, force: bool = False, space=None
 ) -> RunStore:
@@ -141,9 +145,9 @@ def decode(
         return store
     resume_chunk = resume_from(store, store.attrs["chunk_size"])
     kept = write_frames is None or write_frames(store)
-    frames, write = _chunk_writer(store, resume_chunk, kept)
-    broke_off = _decode_chunks(store, video, resume_chunk, write, quiet)
-    _record_frame_count(store, video, frames.shape[0], broke_off, quiet)
+    frames, write = chunk_writer(store, resume_chunk, kept)
+    broke_off = decode_chunks(store, video, resume_chunk, write, quiet)
+    record_frame_count(store, video, frames.shape[0], broke_off, quiet)
     return store
 
 
@@ -157,7 +161,7 @@ def _redecode_or_done(store: RunStore, video: Path, quiet: bool) -> None:
         log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
 
 
-def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
+def chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     """(frames array, write): the arrays cut to `resume_chunk`; write(k, ...) commits chunk k
     (its frames recorded dropped instead of written, not `kept`)."""
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
@@ -190,10 +194,12 @@ def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     return frames, write
 
 
-def _decode_chunks(
-    store: RunStore, video: Path, resume_chunk: int, write, quiet: bool
+def decode_chunks(
+    store: RunStore, video: Path, resume_chunk: int, write, quiet: bool, stop=None
 ) -> str | None:
-    """Decode from chunk `resume_chunk` to the end, writing chunks behind; why it broke off."""
+    """Decode from chunk `resume_chunk` to the end, writing chunks behind; why it broke off.
+    `stop` (a `threading.Event`; `Alongside`): once set, the decoding ends after the chunk
+    being written (raising `Stopped`)."""
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
     start = resume_chunk * C
     claimed = store.attrs["video"]["claimed_frames"]
@@ -223,6 +229,8 @@ def _decode_chunks(
 
         try:
             for pts, seconds, picture in source_from(store, video, start):
+                if stop is not None and stop.is_set():
+                    raise Stopped
                 batch.append(resizer.submit(digested_input, picture, S))
                 batch_pts.append(-1 if pts is None else pts)
                 batch_times.append(seconds)
@@ -242,20 +250,30 @@ def _decode_chunks(
     return broke_off
 
 
-def _record_frame_count(
+def record_frame_count(
     store: RunStore, video: Path, total: int, broke_off: str | None, quiet: bool
 ) -> None:
     """Record the frame count (decode is complete then) and any truncation warning."""
+    record = decoded_record(store, video, total, broke_off)
+    store.set_attrs(**record)
+    say_decoded(store, record, quiet)
+
+
+def decoded_record(store: RunStore, video: Path, total: int, broke_off: str | None) -> dict:
+    """What a complete decode records: its frame count and any truncation warning."""
     if total == 0:
         raise BadInput(f"video has no decodable frames: {video}")
     last_time = float(store.read("timestamps", total - 1, total)[0])
-    store.set_attrs(
+    return dict(
         frame_count=total,
         decode_warning=_truncation_note(total, last_time, store.attrs["video"], broke_off),
     )
-    if store.attrs["decode_warning"]:
-        log.warn(f"decode: {store.attrs['decode_warning']}")
-    log.result(f"decode: {total} frames into {store.path}", quiet)
+
+
+def say_decoded(store: RunStore, record: dict, quiet: bool) -> None:
+    if record["decode_warning"]:
+        log.warn(f"decode: {record['decode_warning']}")
+    log.result(f"decode: {record['frame_count']} frames into {store.path}", quiet)
 
 
 def resume_from(store: RunStore, C: int) -> int:

@@ -283,7 +283,7 @@ class FramesOnDisk:
 
     def ahead(self, k: int) -> None:
         """Start getting chunk k's frames behind (where that writes nothing)."""
-        if self.coming is not None or not (self.in_memory or has(self.store, "frames", k)):
+        if self.coming is not None or not (self.in_memory or self._kept(k)):
             return
         if self.reader is None:
             self.reader = ThreadPoolExecutor(1, "segpipe-frames")
@@ -294,7 +294,18 @@ class FramesOnDisk:
         if self.reader is not None:
             self.reader.shutdown(cancel_futures=True)
 
+    def _kept(self, k: int) -> bool:
+        """Whether chunk k's frames are on disk, or will be once the decode running
+        alongside commits them (`stages.alongside`)."""
+        alongside = self.store.alongside
+        return alongside.kept if alongside is not None else has(self.store, "frames", k)
+
     def _get(self, k: int) -> np.ndarray:
+        alongside = self.store.alongside
+        if alongside is not None:  # decoding alongside: once it has committed chunk k
+            alongside.wait(k)
+            if alongside.kept:
+                return self.store.read("frames", *self.plan.bounds(k))
         if not has(self.store, "frames", k):
             if self.redecoder is None:
                 from segpipe.stages.decode import Redecoder

@@ -55,6 +55,7 @@ LAYERS = {
     "stages": [
         "segpipe.stages",
         "segpipe.stages.decode",
+        "segpipe.stages.alongside",
         "segpipe.stages.encode",
         "segpipe.stages.track",
         "segpipe.stages.track.memory",

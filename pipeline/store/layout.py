@@ -70,9 +70,12 @@ def reset_from(store: RunStore, stage: str) -> None:
 
 
 def require_decoded(store: RunStore) -> int:
-    if "frame_count" not in store.attrs:
+    """The store's frame count (`RunStore.frame_count`: while a run decodes alongside its
+    tracking, the count it works to); a store not decoded yet is refused."""
+    T = store.frame_count
+    if T is None:
         raise StoreNotReady(f"store {store.path} is not fully decoded yet (run `segpipe decode`)")
-    return store.attrs["frame_count"]
+    return T
 
 
 def export_folder(store) -> Path:

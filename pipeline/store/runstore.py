@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,13 @@ class LeasedFiles(LocalStore):
         super()._check_writable()
         if self.lease is not None:
             check_lease(self.root, self.lease)
+
+
+# The decodes running in this process alongside a run's tracking, by the real path of their
+# store (`stages.alongside.Alongside` registers itself): the tracking reads a chunk's frames
+# once its decode has committed them, and works to the frame count the source claims.
+ALONGSIDE: dict[str, object] = {}
+ATTRS_WRITE = threading.Lock()  # one write of a store's attributes at a time in a process
 
 
 class RunStore:
@@ -118,8 +126,27 @@ class RunStore:
 
     @property
     def plan(self) -> ChunkPlan:
-        """The chunk plan of a decoded store: its frame count in chunks of its chunk size."""
-        return ChunkPlan(self.attrs["frame_count"], self.attrs["chunk_size"])
+        """The chunk plan of a decoded store (or one decoding `alongside`): its frame count in
+        chunks of its chunk size."""
+        T = self.frame_count
+        if T is None:
+            raise KeyError("frame_count")
+        return ChunkPlan(T, self.attrs["chunk_size"])
+
+    @property
+    def frame_count(self) -> int | None:
+        """The frame count decode recorded (it is complete then); while it decodes alongside
+        a run's tracking in this process, the count that run works to; else None."""
+        T = self.attrs.get("frame_count")
+        if T is None and self.alongside is not None:
+            return self.alongside.count
+        return T
+
+    @property
+    def alongside(self):
+        """The decode running in this process alongside a run's tracking of this store
+        (`stages.alongside.Alongside`, registered in `ALONGSIDE` while it runs), or None."""
+        return ALONGSIDE.get(os.path.realpath(self.path)) if ALONGSIDE else None
 
     @staticmethod
     def exists(path) -> bool:
@@ -143,16 +170,25 @@ class RunStore:
     def set_attrs(self, **values) -> None:
         """All `values` in one write of the group's zarr.json. (`attrs.update` writes it once
         per key: a kill between decode's `frame_count` and `decode_warning` left a store that
-        read as decoded but lacked the warning.)"""
-        self.group.update_attributes(values)
-        fsync_entry(self.path / "zarr.json", self.path)
+        read as decoded but lacked the warning.) Written over the attributes on disk, not
+        those this object read when opened: another `RunStore` of the store in this process
+        may have written since (a decode alongside the tracking records its frame count)."""
+        with ATTRS_WRITE:
+            self._reread_attrs()
+            self.group.update_attributes(values)
+            fsync_entry(self.path / "zarr.json", self.path)
 
     def drop_attrs(self, *keys) -> None:
-        """Remove `keys` (those present), in one write of zarr.json."""
-        kept = {k: v for k, v in self.group.attrs.items() if k not in keys}
-        if len(kept) < len(self.group.attrs):
-            self.group.attrs.put(kept)
-            fsync_entry(self.path / "zarr.json", self.path)
+        """Remove `keys` (those present), in one write of zarr.json (over those on disk)."""
+        with ATTRS_WRITE:
+            self._reread_attrs()
+            kept = {k: v for k, v in self.group.attrs.items() if k not in keys}
+            if len(kept) < len(self.group.attrs):
+                self.group.attrs.put(kept)
+                fsync_entry(self.path / "zarr.json", self.path)
+
+    def _reread_attrs(self) -> None:
+        self.group = zarr.open_group(store=self.group.store, mode="r+")
 
     def require(self, setting: str, have, want) -> None:
         """Refuse to mix settings in one store."""

@@ -8,6 +8,7 @@ import math
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
 from segpipe.plan import ChunkPlan, Span, frame_window, passes
+from segpipe.store.layout import require_decoded
 from segpipe.store.runstore import RunStore
 
 OBJECT_STARTS = ("earliest", "own")
@@ -37,7 +38,7 @@ def draft_prompts(store: RunStore) -> list | None:
         return None
     video = store.attrs["video"]
     try:
-        return prompt_file.load(path, store.attrs["frame_count"], video["width"], video["height"])
+        return prompt_file.load(path, store.frame_count, video["width"], video["height"])
     except BadInput as e:
         raise BadInput(
             f"segpipe studio's saved prompts {path} are not valid ({e.message}): "
@@ -123,7 +124,7 @@ def resolve_options(store: RunStore, direction: str, given: dict) -> dict:
 def tracking_window(store: RunStore, frames, prompts: list, direction: str, options: dict):
     """The tracking window [lo, hi) asked for (None: the store's), checked against the video
     and the passes; None when it is the whole video."""
-    T = store.attrs["frame_count"]
+    T = store.frame_count
     if frames is None:
         frames = (stored_settings(store) or {}).get("frames")
         if frames is None:
@@ -160,7 +161,7 @@ def stored_track(store: RunStore) -> dict:
 
 def require_tracked(store: RunStore) -> dict:
     settings = stored_track(store)
-    T = store.attrs.get("frame_count")
+    T = require_decoded(store)
     plan = ChunkPlan(T, store.attrs["chunk_size"])
     for d in passes(settings["direction"]):
         if store.pass_ledger(d).count() < len(Span.of(settings, T).chunks(plan, d)):

@@ -74,7 +74,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     the arrays. The new settings are recorded last (see `reset_from`)."""
     if not again:
         return
-    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    T, C = require_decoded(store), store.attrs["chunk_size"]
     _, masks = prompt_file.to_record(prompts)
     if store.attrs.get("track") is not None:
         log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)

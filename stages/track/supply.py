@@ -203,7 +203,8 @@ def say_cost(store: RunStore, plan: ChunkPlan, chunks: list[int], quiet: bool) -
     if not chunks:
         return
     frames = sum(hi - lo for lo, hi in map(plan.bounds, chunks))
-    decoded = on_disk(store, "frames")
+    alongside = store.alongside  # (its frames on disk once committed, where it keeps them)
+    decoded = set(chunks) if alongside is not None and alongside.kept else on_disk(store, "frames")
     redecode = [k for k in chunks if k not in decoded]
     again = (
         f", {len(redecode)} of them decoded again from {store.attrs['source']['path']}"
