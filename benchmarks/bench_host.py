@@ -138,7 +138,7 @@ def segpipe_steps(timers: Timers) -> None:
     from segpipe.store import features, masks, runstore
 
     steps = [
-        (decode, "decode_chunks", "decode: first pass (before the tracking or alongside it)"),
+        (decode, "_decode_chunks", "decode: first pass (before the tracking or alongside it)"),
         (alongside.Alongside, "wait", "waiting for a chunk to be decoded (alongside)"),
         (decode.Redecoder, "frames", "decode again (--keep masks: into memory)"),
         (decode.Redecoder, "chunk", "decode again, written (repair)"),

@@ -32,15 +32,7 @@ from segpipe import log
 from segpipe.plan import ChunkPlan
 from segpipe.settings import Decoding
 from segpipe.sources.registry import named, probe
-from segpipe.stages.decode import (
-    Stopped,
-    chunk_writer,
-    decode_chunks,
-    decoded_record,
-    open_or_create_store,
-    resume_from,
-    say_decoded,
-)
+from segpipe.stages.decode import Stopped, decode_rest, open_or_create_store, say_decoded
 from segpipe.store.layout import reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.runstore import ALONGSIDE, RunStore
@@ -76,7 +68,7 @@ class Alongside:
         self.next: int | None = None  # the first chunk not committed yet (None: not started)
         self.sizes: dict[int, int] = {}  # the frames of each chunk this thread committed
         self.ended, self.error = False, None
-        self.record = None  # what decode records once complete (`decoded_record`)
+        self.record = None  # what decode records once complete (`decode_rest`)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._decode, name="segpipe-decode", daemon=True)
         self.key = os.path.realpath(self.path)
@@ -92,17 +84,15 @@ class Alongside:
     def _decode(self) -> None:
         try:
             store = RunStore.open(self.path)
-            C = store.attrs["chunk_size"]
-            start = resume_from(store, C)
-            frames, write = chunk_writer(store, start, self.kept)
-            self._committed(start, None)
-
-            def committed(k: int, chunk, *rest) -> None:
-                write(k, chunk, *rest)
-                self._committed(k + 1, (k, len(chunk)))
-
-            broke_off = decode_chunks(store, self.video, start, committed, self.quiet, self.stop)
-            self.record = decoded_record(store, self.video, frames.shape[0], broke_off)
+            self.record = decode_rest(
+                store,
+                self.video,
+                self.kept,
+                self.quiet,
+                resumed=lambda k: self._committed(k, None),
+                committed=lambda k, n: self._committed(k + 1, (k, n)),
+                stop=self.stop,
+            )
             if self.record["frame_count"] == self.count:  # (another: by `finish`)
                 store.set_attrs(**self.record)
             say_decoded(store, self.record, self.quiet)

@@ -143,12 +143,32 @@ def decode(
     if "frame_count" in store.attrs:
         _redecode_or_done(store, video, quiet)
         return store
-    resume_chunk = resume_from(store, store.attrs["chunk_size"])
-    kept = write_frames is None or write_frames(store)
-    frames, write = chunk_writer(store, resume_chunk, kept)
-    broke_off = decode_chunks(store, video, resume_chunk, write, quiet)
-    record_frame_count(store, video, frames.shape[0], broke_off, quiet)
+    record = decode_rest(store, video, write_frames is None or write_frames(store), quiet)
+    store.set_attrs(**record)  # (decode is complete then)
+    say_decoded(store, record, quiet)
     return store
+
+
+def decode_rest(
+    store: RunStore, video: Path, kept: bool, quiet: bool, resumed=None, committed=None, stop=None
+) -> dict:
+    """Decode what is left of the video (from `_resume_from`), each chunk written and
+    committed behind (its frames recorded dropped instead, not `kept`); what a complete
+    decode records (`frame_count`, `decode_warning`), not recorded yet. `resumed(k)`: told
+    the chunk it resumes from; `committed(k, n)`: chunk k's n frames committed; `stop`: as
+    `_decode_chunks`."""
+    resume_chunk = _resume_from(store, store.attrs["chunk_size"])
+    if resumed is not None:
+        resumed(resume_chunk)
+    frames, write = _chunk_writer(store, resume_chunk, kept)
+
+    def write_and_say(k: int, chunk, *rest) -> None:
+        write(k, chunk, *rest)
+        if committed is not None:
+            committed(k, len(chunk))
+
+    broke_off = _decode_chunks(store, video, resume_chunk, write_and_say, quiet, stop)
+    return _decoded_record(store, video, frames.shape[0], broke_off)
 
 
 def _redecode_or_done(store: RunStore, video: Path, quiet: bool) -> None:
@@ -161,7 +181,7 @@ def _redecode_or_done(store: RunStore, video: Path, quiet: bool) -> None:
         log.info(f"decode: already complete ({store.attrs['frame_count']} frames)", quiet)
 
 
-def chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
+def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     """(frames array, write): the arrays cut to `resume_chunk`; write(k, ...) commits chunk k
     (its frames recorded dropped instead of written, not `kept`)."""
     C, S = store.attrs["chunk_size"], store.attrs["image_size"]
@@ -194,7 +214,7 @@ def chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     return frames, write
 
 
-def decode_chunks(
+def _decode_chunks(
     store: RunStore, video: Path, resume_chunk: int, write, quiet: bool, stop=None
 ) -> str | None:
     """Decode from chunk `resume_chunk` to the end, writing chunks behind; why it broke off.
@@ -250,16 +270,7 @@ def decode_chunks(
     return broke_off
 
 
-def record_frame_count(
-    store: RunStore, video: Path, total: int, broke_off: str | None, quiet: bool
-) -> None:
-    """Record the frame count (decode is complete then) and any truncation warning."""
-    record = decoded_record(store, video, total, broke_off)
-    store.set_attrs(**record)
-    say_decoded(store, record, quiet)
-
-
-def decoded_record(store: RunStore, video: Path, total: int, broke_off: str | None) -> dict:
+def _decoded_record(store: RunStore, video: Path, total: int, broke_off: str | None) -> dict:
     """What a complete decode records: its frame count and any truncation warning."""
     if total == 0:
         raise BadInput(f"video has no decodable frames: {video}")
@@ -271,12 +282,13 @@ def decoded_record(store: RunStore, video: Path, total: int, broke_off: str | No
 
 
 def say_decoded(store: RunStore, record: dict, quiet: bool) -> None:
+    """decode's result line (and its truncation warning)."""
     if record["decode_warning"]:
         log.warn(f"decode: {record['decode_warning']}")
     log.result(f"decode: {record['frame_count']} frames into {store.path}", quiet)
 
 
-def resume_from(store: RunStore, C: int) -> int:
+def _resume_from(store: RunStore, C: int) -> int:
     """The chunk an unfinished decode continues from: the first chunk not done, and never
     after a short chunk. A short chunk is the end of the video only together with the frame
     count (recorded after it), so without the count it is decoded again."""

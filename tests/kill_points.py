@@ -9,8 +9,6 @@ process installs one of these, then does its work, and kills itself (SIGKILL) th
 - `at_unlink(nth, under)`: at the `nth` file removal (of a path under the folder `under`,
   when given), and folders listed with their zarr.json first (as some file systems list
   them), so a removal interrupted there has removed a node's metadata before its chunks.
-- `hold_record(part, chunk, release)`: before recording chunk `chunk` done in the ledger
-  `ledger/<part>`, wait until the file `release` exists.
 - `hold_at_next_record(part, claim, release)`: before this process records done a second
   chunk in a ledger `ledger/<part>...` (a stage, a pass's objects, `export_`), hold until the file `release` exists, if it
   is the first process to get there (it creates `claim`, holding its pid); the others go
@@ -107,23 +105,6 @@ def hold_at_next_record(part: str, claim: str, release: str):
         pathlib.Path.open = opened
 
     return undo
-
-
-def hold_record(part: str, chunk: int, release: str) -> None:
-    """Before this process records chunk `chunk` done in a ledger `ledger/<part>`, hold until
-    the file `release` exists (the chunk's data is written; the thread that writes it waits)."""
-    import time
-
-    opened = pathlib.Path.open
-
-    def holding_open(self, mode="r", *args, **kwargs):
-        path = str(self)
-        if "w" in mode and f"/ledger/{part}/c/{chunk}." in path:
-            while not os.path.exists(release):
-                time.sleep(0.01)
-        return opened(self, mode, *args, **kwargs)
-
-    pathlib.Path.open = holding_open
 
 
 class _ZarrJsonFirst:

@@ -101,7 +101,7 @@ import sys
 sys.path.insert(0, "tests")
 import kill_points
 
-kill_points.hold_record("decode", 4, sys.argv[1])
+kill_points.wait_before_write("/ledger/decode/", 5, sys.argv[1])  # (chunk 4's record)
 kill_points.cli(sys.argv[2:])
 """
 
