@@ -50,7 +50,7 @@ def bench_model(name: str, args, root: Path) -> dict:
     from oracle import oracle_tracking
 
     from segpipe.model import Weights, build_model, pick_device, pick_precision, resolve_weights
-    from segpipe.settings import Decoding, Tracking
+    from segpipe.settings import Decoding, Encoding, Execution, Tracking
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track.stage import track
@@ -76,25 +76,15 @@ def bench_model(name: str, args, root: Path) -> dict:
     decode(root / "clip.mp4", store, Decoding(args.chunk_size, args.size), quiet=True)
     decoded = time.perf_counter()
     peak_reset(device)
-    encode(
-        store,
-        name,
-        args.checkpoint,
-        seed,
-        device,
-        args.batch_size,
-        quiet=True,
-        predictor=model,
-        precision=precision,
-    )
+    encoding = Encoding(name, args.checkpoint, seed, args.batch_size, precision=precision)
+    encode(store, encoding, Execution(device=device, progress=False), predictor=model)
     encoded = time.perf_counter()
     track(
         store,
         prompts,
         Tracking("forward"),
-        device=device,
-        checkpoint=args.checkpoint,
-        quiet=True,
+        encoding=Encoding(checkpoint=args.checkpoint),
+        execution=Execution(device=device, progress=False),
         predictor=model,
     )
     tracked = time.perf_counter()
@@ -189,17 +179,13 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
             root / "clip.mp4",
             store,
             root / "prompts.json",
-            chunk_size=args.chunk_size,
-            image_size=args.size,
-            model=name,
-            checkpoint=args.checkpoint,
-            random_weights=seed,
-            device=device,
-            precision=precision,
-            direction="forward",
-            keep=keep,
-            exports=[],
-            progress=False,
+            decoding=segpipe.Decoding(chunk_size=args.chunk_size, image_size=args.size),
+            encoding=segpipe.Encoding(
+                model=name, checkpoint=args.checkpoint, random_weights=seed, precision=precision
+            ),
+            execution=segpipe.Execution(device=device, progress=False),
+            tracking=segpipe.Tracking(direction="forward"),
+            output=segpipe.Output(keep=keep, exports=[]),
         )
         out[f"segpipe run --keep {label} fps"] = args.frames / (time.perf_counter() - began)
         out[f"segpipe run --keep {label} peak MiB"] = peak_mib(device)

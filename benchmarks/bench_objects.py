@@ -48,19 +48,22 @@ cluster_s = 0.0
 import torch, distributed, segpipe.dask.client  # imports before any timing
 if workers:
     start = time.perf_counter()
-    api.track(store, prompts, direction="forward", progress=False, force=True, workers=workers)
+    forward = api.Tracking(direction="forward")
+    again = api.Execution(progress=False, workers=workers)
+    api.track(store, prompts, tracking=forward, execution=api.Execution(progress=False, force=True, workers=workers))
     total = time.perf_counter() - start
     start = time.perf_counter()  # again: nothing left to track, the cluster's start alone
-    api.track(store, prompts, direction="forward", progress=False, workers=workers)
+    api.track(store, prompts, tracking=forward, execution=again)
     cluster_s = time.perf_counter() - start
 else:
     from segpipe.model import Weights, build_model
     from segpipe.stages.track.stage import track
-    from segpipe.settings import Tracking
+    from segpipe.settings import Execution, Tracking
     group = __import__("zarr").open_group(store, mode="r")
     model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
     start = time.perf_counter()
-    track(store, prompts, Tracking("forward", object_batch=object_batch), quiet=True, predictor=model, force=True)
+    quietly_again = Execution(progress=False, force=True)
+    track(store, prompts, Tracking("forward", object_batch=object_batch), execution=quietly_again, predictor=model)
     total = time.perf_counter() - start
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check's read-back
 run = api.Run(store)

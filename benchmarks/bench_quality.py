@@ -134,15 +134,13 @@ def main() -> int:
                         video,
                         store,
                         prompts,
-                        chunk_size=c,
-                        image_size=size,
-                        model=args.model,
-                        checkpoint=args.checkpoint,
-                        direction=direction,
-                        non_overlap=args.non_overlap,
-                        exports=[],
-                        progress=False,
-                        force=True,
+                        decoding=segpipe.Decoding(chunk_size=c, image_size=size),
+                        encoding=segpipe.Encoding(model=args.model, checkpoint=args.checkpoint),
+                        tracking=segpipe.Tracking(
+                            direction=direction, non_overlap=args.non_overlap
+                        ),
+                        output=segpipe.Output(exports=[]),
+                        execution=segpipe.Execution(progress=False, force=True),
                     )
                     seconds += time.perf_counter() - began
                     got = (run.masks(), run.scores, run.tracked)
@@ -166,11 +164,13 @@ def main() -> int:
                     run = segpipe.track(
                         batch,
                         prompts,
-                        direction=direction,
-                        checkpoint=args.checkpoint,
-                        non_overlap=args.non_overlap,
-                        object_batch=args.object_batch,
-                        progress=False,
+                        tracking=segpipe.Tracking(
+                            direction=direction,
+                            non_overlap=args.non_overlap,
+                            object_batch=args.object_batch,
+                        ),
+                        encoding=segpipe.Encoding(checkpoint=args.checkpoint),
+                        execution=segpipe.Execution(progress=False),
                     )
                     masks, scores = run.masks(), run.scores
                     batched.append(score_masks(name, truth, masks, unscored=(frame,)))

@@ -46,7 +46,7 @@ def main() -> int:
 
     import segpipe
     from segpipe.model import Weights, build_model
-    from segpipe.settings import Decoding, Tracking
+    from segpipe.settings import Decoding, Encoding, Execution, Tracking
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track import shared
@@ -59,7 +59,7 @@ def main() -> int:
         model = build_model("sam2.1_hiera_t", args.image_size, Weights(random_seed=0))
         base = folder / "base.zarr"
         decode(folder / "clip.mp4", base, Decoding(8, args.image_size), quiet=True)
-        encode(base, random_weights=0, quiet=True, predictor=model)
+        encode(base, Encoding(random_weights=0), Execution(progress=False), predictor=model)
         points = [
             {"object": i + 1, "frame": 0, "points": [[8 + (i % 8) * 38, 20 + (i // 8) * 40]]}
             for i in range(args.objects)
@@ -73,7 +73,13 @@ def main() -> int:
                 shared.PerFrame.frame = real if on else (lambda self: contextlib.nullcontext())
                 store = shutil.copytree(base, folder / f"{on}{r}.zarr")
                 began, wall = cpu_seconds(), time.perf_counter()
-                track(store, prompts, Tracking("forward"), quiet=True, predictor=model, force=True)
+                track(
+                    store,
+                    prompts,
+                    Tracking("forward"),
+                    execution=Execution(progress=False, force=True),
+                    predictor=model,
+                )
                 seconds[on].append(cpu_seconds() - began)
                 print(
                     f"{'shared' if on else 'each object'}: {seconds[on][-1]:.2f} CPU s "

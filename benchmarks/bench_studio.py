@@ -128,13 +128,19 @@ def main():
         store = tmp / "clip.zarr"
         import segpipe
 
-        segpipe.decode(video, store, image_size=args.image_size, progress=False)
+        segpipe.decode(
+            video,
+            store,
+            decoding=segpipe.Decoding(image_size=args.image_size),
+            execution=segpipe.Execution(progress=False),
+        )
         fake_tracked(store, masks, period)
         f_preview = 1500 % args.frames
         chunk = f_preview // 32
+        from segpipe.settings import Encoding, Execution
         from segpipe.stages.encode import encode
 
-        encode(store, model="segpipe_tiny", chunks=[chunk], quiet=True)
+        encode(store, Encoding(model="segpipe_tiny"), Execution(progress=False), chunks=[chunk])
         print(f"made the store in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
         proc = subprocess.Popen(

@@ -19,10 +19,11 @@ OURS = """
 import json, sys, time
 from segpipe.model import Weights, build_model
 from segpipe.stages.track.stage import track
-from segpipe.settings import Tracking
+from segpipe.settings import Execution, Tracking
 model = build_model("sam2.1_hiera_t", int(sys.argv[3]), Weights(random_seed=0))
 start = time.perf_counter()
-track(sys.argv[1], sys.argv[2], Tracking("forward"), quiet=True, predictor=model, force=True)
+again = Execution(progress=False, force=True)
+track(sys.argv[1], sys.argv[2], Tracking("forward"), execution=again, predictor=model)
 print(json.dumps({"track_s": time.perf_counter() - start}))
 """
 

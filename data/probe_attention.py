@@ -61,9 +61,15 @@ def main() -> int:
         folder = Path(tmp)
         video, truth = bench_quality.write_clip(folder, "bounce")
         prompts = bench_quality.write_prompts(folder, "bounce", truth, 0, "forward")
-        segpipe.run(video, folder / "bounce.zarr", prompts, image_size=size,
-                    model="segpipe_tiny", checkpoint=args.checkpoint, exports=[], device="cpu",
-                    progress=False)  # fmt: skip
+        segpipe.run(
+            video,
+            folder / "bounce.zarr",
+            prompts,
+            decoding=segpipe.Decoding(image_size=size),
+            encoding=segpipe.Encoding(model="segpipe_tiny", checkpoint=args.checkpoint),
+            output=segpipe.Output(exports=[]),
+            execution=segpipe.Execution(device="cpu", progress=False),
+        )
     own, pointers = np.mean(shares, 0)
     tokens = (size // 16) ** 2
     print(

@@ -4,7 +4,8 @@ masks bit-identical to SAM 2's own video predictor.
     >>> import segpipe
     >>> run = segpipe.run("clip.mp4", "clip.zarr",
     ...                   [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])],
-    ...                   checkpoint="sam2.1_hiera_tiny.pt", exports=[])
+    ...                   encoding=segpipe.Encoding(checkpoint="sam2.1_hiera_tiny.pt"),
+    ...                   output=segpipe.Output(exports=[]))
     >>> run.masks(frames=slice(0, 100), objects=[1]).shape
     (100, 1, 480, 640)
 
@@ -29,12 +30,16 @@ from segpipe.errors import (
 # (or any module of the package) loads no more than that module needs
 _LAZY = {
     **dict.fromkeys(
-        ["run", "decode", "encode", "track", "export", "repair", "studio", "dataset"],
+        ["run", "decode", "encode", "track", "export", "repair", "migrate", "studio", "dataset"],
         "segpipe.api",
     ),
     **dict.fromkeys(["evaluate", "open"], "segpipe.api"),
     "Run": "segpipe.results",
     "Prompt": "segpipe.prompts",
+    **dict.fromkeys(
+        ["Decoding", "Encoding", "Tracking", "Output", "Execution"], "segpipe.settings"
+    ),
+    "VosInference": "segpipe.vos.dataset",
 }
 
 
@@ -78,11 +83,19 @@ __all__ = [
     "track",
     "export",
     "repair",
+    "migrate",
     # the browser studio over a store
     "studio",
     # datasets (SAM 2's vos_inference) and their DAVIS J&F
     "dataset",
     "evaluate",
+    # the settings the calls take
+    "Decoding",
+    "Encoding",
+    "Tracking",
+    "Output",
+    "Execution",
+    "VosInference",
     # reading results back
     "open",
     "Run",

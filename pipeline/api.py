@@ -1,9 +1,12 @@
-"""The Python API: the four stages, `run`, `repair` and `open`, keyword arguments only.
+"""The Python API: the four stages, `run`, `repair`, `dataset`, `studio` and `open`.
 
-Each stage takes the store's lock (one writer per store), resumes where the store stopped,
-shows a progress bar (tqdm's auto mode: a widget in Jupyter; `progress=False` turns it off)
-and raises `segpipe.SegpipeError` subclasses. Heavy modules (torch, SAM 2) are imported
-only by the calls that need them, so `import segpipe` stays light.
+Each call takes its inputs and the settings objects of `segpipe.settings` it uses
+(`Decoding`, `Encoding`, `Tracking`, `Output`, `Execution`; each field None: the store's
+setting, else the default), the same names as the command line's options. Each stage
+takes the store's lock (one writer per store), resumes where the store stopped, shows a
+progress bar (tqdm's auto mode: a widget in Jupyter; `Execution(progress=False)` turns it
+off) and raises `segpipe.SegpipeError` subclasses. Heavy modules (torch, SAM 2) are
+imported only by the calls that need them, so `import segpipe` stays light.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ from typing import Sequence
 from segpipe import defaults, log
 from segpipe.errors import BadInput
 from segpipe.estimate import Later
-from segpipe.model import DEFAULT_MODEL, resolve_weights
 from segpipe.results import Run
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Decoding, Encoding, Execution, Output, Settings, Tracking
 from segpipe.space import SpaceGuard
 from segpipe.store.layout import export_folder  # noqa: F401 - segpipe.api.export_folder
 from segpipe.store.runstore import RunStore
@@ -33,126 +35,74 @@ def open(store) -> Run:  # noqa: A001 - segpipe.open, as the API names it
 
 
 def decode(
-    video,
-    store,
-    *,
-    chunk_size: int | None = None,
-    image_size: int | None = None,
-    stream: int | None = None,
-    fps: float | None = None,
-    force: bool = False,
-    space_check: bool = True,
-    progress: bool = True,
+    video, store, *, decoding: Decoding | None = None, execution: Execution | None = None
 ) -> Run:
-    """Decode `video` (a video file, or a folder of JPEG/PNG frames named by number, as SAM 2
-    reads them) into the store's model-input frames, upright (a phone's rotation applied).
+    """Decode `video` (a video file, a folder of JPEG/PNG frames named by number, as SAM 2
+    reads them, or a TIFF stack) into the store's model-input frames, upright (a phone's
+    rotation applied).
 
-    `chunk_size` (default 32) frames make the unit of work and storage; `image_size`
-    (default 1024) is SAM 2's input size; `stream` the video stream of a file with several
-    (default: the container's default); `fps` a frame folder's rate (default 24). `force`
-    starts over a store made from another video or with other settings instead of refusing.
+    `decoding`: `chunk_size` (default 32) frames make the unit of work and storage;
+    `image_size` (default 1024) is SAM 2's input size; `stream` the video stream of a file
+    with several (default: the container's default); `fps` a frame folder's rate (default
+    24). `execution.force` starts over a store made from another video or with other
+    settings instead of refusing.
 
     Before writing, the storage estimate is shown (see `segpipe.estimate`) and, with
-    `space_check`, `NotEnoughSpace` is raised when the store's file system has less free
-    space than the frames need.
+    `execution.space_check`, `NotEnoughSpace` is raised when the store's file system has
+    less free space than the frames need.
 
     Example:
-        >>> segpipe.decode("clip.mp4", "clip.zarr", chunk_size=32, image_size=1024)
+        >>> segpipe.decode("clip.mp4", "clip.zarr", decoding=segpipe.Decoding(chunk_size=32))
     """
     from segpipe.stages.decode import decode as decode_stage
 
-    space = SpaceGuard(store, ("decode",), "decode", enabled=space_check, quiet=not progress)
+    decoding, execution = (decoding or Decoding()).check(), (execution or Execution()).check()
+    quiet = execution.quiet
+    space = SpaceGuard(store, ("decode",), "decode", enabled=execution.space_check, quiet=quiet)
     decode_stage(
-        Path(video),
-        Path(store),
-        Decoding(chunk_size, image_size, stream, fps),
-        quiet=not progress,
-        force=force,
-        space=space,
+        Path(video), Path(store), decoding, quiet=quiet, force=execution.force, space=space
     )
     return Run(store)
 
 
-def encode(
-    store,
-    *,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    random_weights: int | None = None,
-    device: str = "auto",
-    batch_size: int = 1,
-    embedding_dtype: str | None = None,
-    precision: str | None = None,
-    force: bool = False,
-    space_check: bool = True,
-    progress: bool = True,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    allow_env_change: bool = False,
-) -> Run:
+def encode(store, *, encoding: Encoding | None = None, execution: Execution | None = None) -> Run:
     """Compute SAM 2's image embeddings of every decoded frame.
 
-    `precision`: "bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2 runs on GPUs (the
-    default on CUDA), "float32" without (the default elsewhere); tracking uses the same.
+    `encoding`: the model and its weights (`checkpoint`: an official checkpoint file, or
+    "hf:facebook/sam2.1-hiera-tiny"; or `random_weights=SEED`, tests and demos only: masks
+    mean nothing), `precision` ("bfloat16" runs SAM 2 under bfloat16 autocast, as SAM 2
+    runs on GPUs, the default on CUDA; "float32" without, the default elsewhere; tracking
+    uses the same), `batch_size`, `embedding_dtype`.
 
-    Weights: `checkpoint` (an official checkpoint file, or "hf:facebook/sam2.1-hiera-tiny")
-    or `random_weights=SEED` (tests and demos only: masks mean nothing).
+    Before writing, the storage estimate is shown and, with `execution.space_check`,
+    `NotEnoughSpace` is raised when the store's file system has less free space than the
+    features need.
 
-    Before writing, the storage estimate is shown and, with `space_check`, `NotEnoughSpace`
-    is raised when the store's file system has less free space than the features need.
-
-    `workers=N` encodes on a local Dask cluster of N processes, `scheduler="tcp://..."` on
-    the workers of that Dask scheduler (see `segpipe.dask`); the chunks are spread
-    over them.
-
-    `allow_env_change`: go on in another compute environment than the store was computed in
-    (device, library versions, CPU thread count or ISA level), which is otherwise refused
-    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
-    run (see `segpipe.environment`).
+    `execution`: `workers=N` encodes on a local Dask cluster of N processes,
+    `scheduler="tcp://..."` on the workers of that Dask scheduler (see `segpipe.dask`);
+    `allow_env_change` goes on in another compute environment than the store was computed
+    in (device, library versions, CPU thread count or ISA level), which is otherwise
+    refused (`EnvironmentChanged`): the results are then no longer bit-identical to an
+    uninterrupted run (see `segpipe.environment`).
 
     Example:
-        >>> segpipe.encode("clip.zarr", checkpoint="sam2.1_hiera_tiny.pt")
+        >>> segpipe.encode("clip.zarr", encoding=segpipe.Encoding(checkpoint="sam2.1_hiera_tiny.pt"))
     """
     from segpipe.dask.client import connect
     from segpipe.stages.encode import encode as encode_stage
 
-    settings = defaults.fill(
-        store,
-        "encode",
-        not progress,
-        checkpoint,
-        model=model,
-        random_weights=random_weights,
-        embedding_dtype=embedding_dtype,
-    )
-    model, random_weights = settings["model"] or DEFAULT_MODEL, settings["random_weights"]
-    embedding_dtype = settings["embedding_dtype"] or "float32"
+    encoding, execution = (encoding or Encoding()).check(), (execution or Execution()).check()
+    _, encoding, _ = defaults.resolve(store, "encode", execution.quiet, encoding=encoding)
     space = SpaceGuard(
         store,
         ("decode", "encode"),
         "encode",
-        Later(model=model),
-        enabled=space_check,
-        quiet=not progress,
+        Later(model=encoding.model),
+        enabled=execution.space_check,
+        quiet=execution.quiet,
     )
-    with connect(
-        workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
-    ) as cluster:
-        encode_stage(
-            store,
-            model=model,
-            checkpoint=checkpoint,
-            random_weights=random_weights,
-            device=device,
-            batch_size=batch_size,
-            embedding_dtype=embedding_dtype,
-            quiet=not progress,
-            force=force,
-            precision=precision,
-            space=space,
-            cluster=cluster,
-            allow_env_change=allow_env_change,
-        )
+    with connect(execution, store, [encoding.checkpoint]) as cluster:
+        encode_stage(store, encoding, execution, space=space, cluster=cluster)
     return Run(store)
 
 
@@ -160,56 +110,37 @@ def track(
     store,
     prompts=None,
     *,
-    direction: str | None = None,
-    checkpoint: str | None = None,
-    device: str = "auto",
-    force: bool = False,
-    progress: bool = True,
-    postprocessing: bool | None = None,
-    non_overlap: bool | None = None,
-    score_threshold: float | None = None,
-    object_start: str | None = None,
-    frames=None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    groups: int | None = None,
-    object_batch: int | None = None,
-    allow_env_change: bool = False,
+    tracking: Tracking | None = None,
+    encoding: Encoding | None = None,
+    execution: Execution | None = None,
 ) -> Run:
     """Track the prompted objects through the video from the stored embeddings.
 
     `prompts`: a prompts file path, a list of its entries (dicts), or `segpipe.Prompt`
     objects; None takes the store's (the prompts segpipe studio saved, else the last
-    tracked ones). `direction`: "both" (default),
-    "forward" or "reverse". New prompts or options discard the old tracking and retrack.
+    tracked ones). New prompts or settings discard the old tracking and retrack.
 
-    How masks are made (None: the store's, else SAM 2's predictor defaults):
-    `postprocessing` (SAM 2's apply_postprocessing, default on), `non_overlap` (each pixel
-    to the highest-scoring object, default off), `score_threshold` (mask = logit above it,
-    default 0.0), `object_start` ("earliest": every object from the earliest prompt, as SAM
-    2's predictor; "own": each from its own first prompt, empty before, forward only, as
-    vos_inference's --track_object_appearing_later_in_video).
+    `tracking` (each None: the store's, else SAM 2's predictor's default): `direction`
+    ("both", "forward" or "reverse"); `postprocessing` (SAM 2's apply_postprocessing,
+    default on), `non_overlap` (each pixel to the highest-scoring object, default off),
+    `score_threshold` (mask = logit above it, default 0.0), `object_start` ("earliest":
+    every object from the earliest prompt, as SAM 2's predictor; "own": each from its own
+    first prompt, empty before, forward only, as vos_inference's
+    --track_object_appearing_later_in_video); `frames`, the tracking window, (A, B) or
+    "A:B" (the whole video by default): only frames A..B-1 are tracked, as SAM 2's
+    `propagate_in_video(start_frame_idx, max_frame_num_to_track)` tracks them (see
+    `segpipe.plan.Span`), and prompts outside it still condition the tracking;
+    `object_batch` (default 1): up to that many objects of a frame through SAM 2's step at
+    once, as SAM 2's legacy predictor batches them, for a GPU that one object's step leaves
+    idle: not bit for bit SAM 2's predictor (a few pixels differ;
+    `benchmarks/bench_objects.py` measures it), and the objects then run as one group.
 
-    `frames`: the tracking window, (A, B) or "A:B" (None: the store's, else the whole video):
-    only frames A..B-1 are tracked, as SAM 2's `propagate_in_video(start_frame_idx,
-    max_frame_num_to_track)` tracks them (see `segpipe.plan.Span`); prompts outside it still
-    condition the tracking, frames outside it are untracked.
-
-    `workers` / `scheduler`: on Dask (as `encode`), the forward and reverse passes side by
-    side, each in `groups` groups of objects (default: one per worker; one under
-    `non_overlap` and `object_batch`), which give the same masks (SAM 2 tracks each object alone); without
-    Dask the groups run one after another.
-
-    `object_batch` (None: the store's, else 1): up to that many objects of a frame through
-    SAM 2's step at once, as SAM 2's legacy predictor batches them, for a GPU that one
-    object's step leaves idle. Not bit for bit SAM 2's predictor (a few pixels differ;
-    `benchmarks/bench_objects.py` measures it); a setting like the others, so changing it
-    tracks anew, and the objects run as one group.
-
-    `allow_env_change`: go on in another compute environment than the store was computed in
-    (device, library versions, CPU thread count or ISA level), which is otherwise refused
-    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
-    run (see `segpipe.environment`).
+    `encoding`: only its `checkpoint` (the store records the rest). `execution`: `workers`
+    / `scheduler` track on Dask (as `encode`), the forward and reverse passes side by side,
+    each in `groups` groups of objects (default: one per worker; one under `non_overlap`
+    and `object_batch`), which give the same masks (SAM 2 tracks each object alone);
+    without Dask the groups run one after another. `force` tracks anew;
+    `allow_env_change` as `encode`'s.
 
     Example:
         >>> segpipe.track("clip.zarr", [segpipe.Prompt(1, frame=0, points=[[120, 80]], labels=[1])])
@@ -217,30 +148,10 @@ def track(
     from segpipe.dask.client import connect
     from segpipe.stages.track.stage import track as track_stage
 
-    tracking = Tracking(
-        direction=direction,
-        frames=frames,
-        postprocessing=postprocessing,
-        non_overlap=non_overlap,
-        score_threshold=score_threshold,
-        object_start=object_start,
-        object_batch=object_batch,
-    )
-    with connect(
-        workers, scheduler, device, not progress, store, [checkpoint], allow_env_change
-    ) as cluster:
-        track_stage(
-            store,
-            prompts,
-            tracking,
-            device=device,
-            checkpoint=checkpoint,
-            quiet=not progress,
-            force=force,
-            cluster=cluster,
-            groups=groups,
-            allow_env_change=allow_env_change,
-        )
+    tracking, encoding = tracking or Tracking(), encoding or Encoding()
+    execution = (execution or Execution()).check()
+    with connect(execution, store, [encoding.checkpoint]) as cluster:
+        track_stage(store, prompts, tracking, encoding, execution, cluster=cluster)
     return Run(store)
 
 
@@ -284,174 +195,87 @@ def run(
     store,
     prompts=None,
     *,
-    chunk_size: int | None = None,
-    image_size: int | None = None,
-    stream: int | None = None,
-    fps: float | None = None,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    random_weights: int | None = None,
-    device: str = "auto",
-    batch_size: int = 1,
-    embedding_dtype: str | None = None,
-    precision: str | None = None,
-    direction: str | None = None,
-    postprocessing: bool | None = None,
-    non_overlap: bool | None = None,
-    score_threshold: float | None = None,
-    object_start: str | None = None,
-    frames=None,
-    keep: str | None = None,
-    exports: Sequence[str] | None = None,
-    force: bool = False,
-    space_check: bool = True,
-    progress: bool = True,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    groups: int | None = None,
-    object_batch: int | None = None,
-    allow_env_change: bool = False,
+    decoding: Decoding | None = None,
+    encoding: Encoding | None = None,
+    tracking: Tracking | None = None,
+    output: Output | None = None,
+    execution: Execution | None = None,
 ) -> Run:
     """Every stage, each resuming where it stopped: decode, then (with `prompts`) the passes
-    with each chunk encoded just before a pass tracks it and exported (`exports`, default
-    davis, vis-json, overlay; [] for none, into `<store name>.export/` beside the store) as
-    soon as its masks are final. Without prompts: decode and encode.
+    with each chunk encoded just before a pass tracks it and exported as soon as its masks
+    are final. Without prompts: decode and encode. The settings are `decode`'s, `encode`'s
+    and `track`'s, and:
 
-    `keep`: "all" (the default; re-prompting then costs no encoding: chunks no pass needed
-    are encoded at the end) or "masks" (a chunk's frames are dropped once encoded, and its
-    features are written only where a later read needs them, the prompted chunks, and
-    dropped once every pass has tracked them, so a long video needs a few chunks of them on
-    disk; the video is then decoded twice, once to count and time its frames, and again
-    chunk by chunk as the passes need them). The setting is the store's from then on.
+    `output.exports`: the formats written into `<store name>.export/` beside the store
+    (default davis, vis-json, overlay; () for none). `output.keep`: "all" (the default;
+    re-prompting then costs no encoding) or "masks" (a chunk's frames and features are
+    dropped once no pass needs them, so a long video needs a few chunks of them on disk;
+    see `segpipe.settings.Output`). The setting is the store's from then on.
 
-    Before the first write, the storage estimate of the whole store is shown (memory and
-    masks for the prompts' objects) and, with `space_check`, `NotEnoughSpace` is raised when
-    the store's file system has less free space than the run still needs: under
-    `keep="masks"` (given, or the store's) with frames and features counted as the 3
-    chunks of each such a run holds at once.
+    Before the first write, the storage estimate of the whole store is shown and, with
+    `execution.space_check`, `NotEnoughSpace` is raised when the store's file system has
+    less free space than the run still needs.
 
-    `workers=N` (a local Dask cluster of N processes) or `scheduler="tcp://..."` (the
-    workers of that Dask scheduler; see `segpipe.dask`): decode here, then every chunk
+    `execution.workers=N` (a local Dask cluster of N processes) or `scheduler="tcp://..."`
+    (the workers of that Dask scheduler; see `segpipe.dask`): decode here, then every chunk
     encoded on the workers, the forward and reverse passes side by side, each chunk
     exported as its masks are final; the same store and exports. Not with `keep="masks"`.
 
-    `allow_env_change`: go on in another compute environment than the store was computed in
-    (device, library versions, CPU thread count or ISA level), which is otherwise refused
-    (`EnvironmentChanged`): the results are then no longer bit-identical to an uninterrupted
-    run (see `segpipe.environment`).
-
     Example:
         >>> run = segpipe.run("clip.mp4", "clip.zarr", "prompts.json",
-        ...                   checkpoint="sam2.1_hiera_tiny.pt", exports=["davis"])
+        ...                   encoding=segpipe.Encoding(checkpoint="sam2.1_hiera_tiny.pt"),
+        ...                   output=segpipe.Output(exports=["davis"]))
         >>> run.masks(objects=[1])
     """
     from segpipe import runner
     from segpipe.dask.client import connect
-    from segpipe.stages.export.formats import run_formats
-    from segpipe.stages.export.stage import FORMATS
     from segpipe.store.lock import store_lock
-    from segpipe.store.retention import check_keep, refuse_on_dask
 
-    exports = run_formats() if exports is None else list(exports)
-    unknown = [f for f in exports if f not in FORMATS]
-    if unknown:
-        raise BadInput(f"unknown export format {unknown[0]!r}; choose from {', '.join(FORMATS)}")
-    check_keep(keep)  # before anything is written
-    if workers is not None or scheduler is not None:
-        refuse_on_dask(keep)
-    if prompts is not None:
-        runner.check_prompts(video, prompts, exports, stream, fps, store)
-    settings = defaults.fill(
+    given = Settings.of(decoding, encoding, tracking, output, execution)
+    settings = runner.settled(video, store, prompts, given)  # before anything is written
+    execution = settings.execution
+    space = SpaceGuard(
         store,
+        ("decode", "encode") + (("track",) if prompts is not None else ()),
         "run",
-        not progress,
-        checkpoint,
-        chunk_size=chunk_size,
-        image_size=image_size,
-        model=model,
-        random_weights=random_weights,
-        embedding_dtype=embedding_dtype,
-        keep=keep,
+        Later.of(settings, prompts),
+        enabled=execution.space_check,
+        keep=settings.output.keep,
+        quiet=execution.quiet,
     )
-    chunk_size, image_size, keep = settings["chunk_size"], settings["image_size"], settings["keep"]
-    model, random_weights = settings["model"] or DEFAULT_MODEL, settings["random_weights"]
-    embedding_dtype = settings["embedding_dtype"] or "float32"
-    weights = resolve_weights(model, checkpoint, random_weights)  # no weights: said now
-    quiet = not progress
-    if image_size is None:  # a new store: at the size the weights were trained at, if known
-        image_size = defaults.trained_image_size(weights, quiet)
-    stages = ("decode", "encode") + (("track",) if prompts is not None else ())
-    later = Later(
-        embedding_dtype,
-        precision,
-        prompts,
-        direction,
-        object_start,
-        frames,
-        len(exports) if prompts is not None else 0,
-        device,
-        model,
-    )
-    space = SpaceGuard(store, stages, "run", later, enabled=space_check, keep=keep, quiet=quiet)
     with (
         store_lock(store),
-        connect(
-            workers, scheduler, device, quiet, store, [video, checkpoint], allow_env_change
-        ) as cluster,
+        connect(execution, store, [video, settings.encoding.checkpoint]) as cluster,
     ):
-        runner.run(
-            video,
-            store,
-            prompts,
-            exports=exports,
-            keep=keep,
-            space=space,
-            cluster=cluster,
-            quiet=quiet,
-            decoding=Decoding(chunk_size, image_size, stream, fps),
-            encoding=dict(
-                model=model,
-                checkpoint=checkpoint,
-                random_weights=random_weights,
-                device=device,
-                batch_size=batch_size,
-                embedding_dtype=embedding_dtype,
-                force=force,
-                precision=precision,
-                allow_env_change=allow_env_change,
-            ),
-            tracking=Tracking(
-                direction=direction,
-                frames=frames,
-                postprocessing=postprocessing,
-                non_overlap=non_overlap,
-                score_threshold=score_threshold,
-                object_start=object_start,
-                object_batch=object_batch,
-            ),
-            groups=groups,
-        )
+        runner.run(video, store, prompts, settings, space=space, cluster=cluster)
     return Run(store)
 
 
-def repair(
-    store,
-    *,
-    checkpoint: str | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    allow_env_change: bool = False,
-) -> list:
+def repair(store, *, encoding: Encoding | None = None, execution: Execution | None = None) -> list:
     """Find damaged chunks (missing files, failed checksums) and recompute exactly those;
-    returns what was found. In the store's compute environment (`allow_env_change`: as
-    `encode`).
+    returns what was found. In the store's compute environment (`encoding.checkpoint`: the
+    weights, where the store's are not found; `execution.allow_env_change`: as `encode`).
 
     Example:
         >>> segpipe.repair("clip.zarr")
     """
     from segpipe.repairs import repair as repair_store
 
-    return repair_store(store, checkpoint, device, not progress, allow_env_change)
+    checkpoint = (encoding or Encoding()).checkpoint
+    return repair_store(store, checkpoint, (execution or Execution()).check())
+
+
+def migrate(store, *, execution: Execution | None = None) -> list[int]:
+    """Convert a store of an earlier schema to this segpipe's, in place, keeping its frames,
+    features, memory and masks (`segpipe.store.migrate`); the schema versions it went
+    through (empty: it was current).
+
+    Example:
+        >>> segpipe.migrate("clip.zarr")
+    """
+    from segpipe.store.migrate import migrate as migrate_store
+
+    return migrate_store(store, (execution or Execution()).quiet)
 
 
 def dataset(
@@ -460,84 +284,41 @@ def dataset(
     output_mask_dir,
     work_dir,
     *,
-    video_list_file=None,
-    score_thresh: float = 0.0,
-    use_all_masks: bool = False,
-    per_obj_png_file: bool = False,
-    apply_postprocessing: bool = False,
-    track_object_appearing_later_in_video: bool = False,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    random_weights: int | None = None,
-    image_size: int | None = None,
-    chunk_size: int | None = None,
-    device: str = "auto",
-    batch_size: int = 1,
-    embedding_dtype: str | None = None,
-    precision: str | None = None,
-    progress: bool = True,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    allow_env_change: bool = False,
+    vos=None,
+    decoding: Decoding | None = None,
+    encoding: Encoding | None = None,
+    execution: Execution | None = None,
 ) -> list:
-    """SAM 2's tools/vos_inference.py over a VOS dataset, with its options and output PNGs,
-    one resumable store per video under `work_dir`. Returns one `VideoResult` per video
-    (video, frames, objects, seconds, status); a video that fails is reported there
-    ("failed: <reason>") and the others go on. `workers` / `scheduler`: the videos side
-    by side on Dask (as `run`), one task per video. `allow_env_change`: as `run`'s.
+    """SAM 2's tools/vos_inference.py over a VOS dataset, with its options
+    (`vos`: a `segpipe.VosInference`) and output PNGs, one resumable store per video under
+    `work_dir`. Returns one `VideoResult` per video (video, frames, objects, seconds,
+    status); a video that fails is reported there ("failed: <reason>") and the others go
+    on. `decoding`, `encoding`: as `run`'s (the image size by default the one the weights
+    were trained at). `execution.workers` / `scheduler`: the videos side by side on Dask
+    (as `run`), one task per video.
 
     Example:
         >>> results = segpipe.dataset("DAVIS/JPEGImages/480p", "DAVIS/Annotations/480p",
-        ...                           "out/", "stores/", model="segpipe_tiny")
+        ...                           "out/", "stores/",
+        ...                           encoding=segpipe.Encoding(model="segpipe_tiny"))
         >>> [r.status for r in results]
     """
     from segpipe.dask.client import connect
-    from segpipe.vos.dataset import Options, run_dataset
+    from segpipe.vos.dataset import Options, VosInference, run_dataset
 
-    model, embedding_dtype = model or DEFAULT_MODEL, embedding_dtype or "float32"
-    if image_size is None:  # at the size the weights were trained at, if they say
-        image_size = defaults.trained_image_size(
-            resolve_weights(model, checkpoint, random_weights), not progress, "dataset"
-        )
-    options = Options(
-        score_thresh=score_thresh,
-        use_all_masks=use_all_masks,
-        per_obj_png_file=per_obj_png_file,
-        apply_postprocessing=apply_postprocessing,
-        track_object_appearing_later_in_video=track_object_appearing_later_in_video,
-        model=model,
-        checkpoint=checkpoint,
-        random_weights=random_weights,
-        image_size=image_size,
-        chunk_size=chunk_size,
-        device=device,
-        batch_size=batch_size,
-        embedding_dtype=embedding_dtype,
-        precision=precision,
-        allow_env_change=allow_env_change,
-    )
-    if workers is None and scheduler is None:
+    encoding = (encoding or Encoding()).check().filled()
+    execution = (execution or Execution()).check()
+    decoding = defaults.sized((decoding or Decoding()).check(), encoding, execution, "dataset")
+    options = Options(vos or VosInference(), decoding, encoding, execution)
+    paths = [base_video_dir, input_mask_dir, encoding.checkpoint]
+    with connect(execution, paths=paths) as cluster:
         return run_dataset(
             base_video_dir,
             input_mask_dir,
             output_mask_dir,
             work_dir,
-            video_list_file,
             options,
-            quiet=not progress,
-        )
-    paths = [base_video_dir, input_mask_dir, checkpoint]
-    with connect(
-        workers, scheduler, device, not progress, paths=paths, allow_env_change=allow_env_change
-    ) as cluster:
-        return run_dataset(
-            base_video_dir,
-            input_mask_dir,
-            output_mask_dir,
-            work_dir,
-            video_list_file,
-            options,
-            quiet=not progress,
+            quiet=execution.quiet,
             cluster=cluster,
         )
 
@@ -562,62 +343,41 @@ def studio(
     store=None,
     host: str = "127.0.0.1",
     port: int = 8765,
-    model: str | None = None,
-    checkpoint: str | None = None,
-    random_weights: int | None = None,
-    device: str = "auto",
-    chunk_size: int | None = None,
-    image_size: int | None = None,
-    stream: int | None = None,
-    fps: float | None = None,
     open_page: bool = False,
-    progress: bool = True,
-    allow_env_change: bool = False,
+    decoding: Decoding | None = None,
+    encoding: Encoding | None = None,
+    execution: Execution | None = None,
 ) -> None:
     """Serve segpipe studio (prompt, review and correct in the browser) over a store, until
-    Ctrl-C. `path`: a store, or a video / frame folder, first decoded into `store` (default
-    `<name>.zarr` beside it; `chunk_size`, `image_size`, `stream`, `fps` as `decode` takes
-    them, the image size by default the one `model`'s weights were trained at). `model`,
-    `checkpoint`, `random_weights`: as `encode` takes them, for a store not yet encoded
-    (Track encodes the chunks as it tracks them). A `host` other than loopback requires the
-    token the printed URL carries. `allow_env_change`: Track goes on in another compute
-    environment than the store's (as `track`).
+    Ctrl-C. `path`: a store, or a video / frame folder / TIFF stack, first decoded into
+    `store` (default `<name>.zarr` beside it; `decoding` as `decode` takes it, the image
+    size by default the one the weights were trained at). `encoding`: the model and its
+    weights (`model`, `checkpoint`, `random_weights`), for a store not yet encoded (Track
+    encodes the chunks as it tracks them). A `host` other than loopback requires the token
+    the printed URL carries. `execution`: the `device`; `allow_env_change`: Track goes on
+    in another compute environment than the store's (as `track`).
 
     Example:
-        >>> segpipe.studio("clip.mp4", store="clip.zarr", model="segpipe_tiny")
+        >>> segpipe.studio("clip.mp4", store="clip.zarr",
+        ...                encoding=segpipe.Encoding(model="segpipe_tiny"))
     """
     from segpipe.stages.decode import check as check_decode
     from segpipe.web.server import serve
 
-    path = Path(path)
-    source = None
+    decoding, encoding = (decoding or Decoding()).check(), (encoding or Encoding()).check()
+    execution, path, source = (execution or Execution()).check(), Path(path), None
     if not (path / "zarr.json").is_file():
         if not path.exists():
             raise BadInput(
                 f"{path} does not exist: give a store, a video, a frame folder or a TIFF stack"
             )
         store = Path(store) if store is not None else path.with_name(path.stem + ".zarr")
-        if image_size is None and not (store / "zarr.json").is_file():
-            weights = resolve_weights(model or DEFAULT_MODEL, checkpoint, random_weights)
-            image_size = defaults.trained_image_size(weights, not progress)
-        decoding = Decoding(chunk_size, image_size, stream, fps)
-        space = SpaceGuard(store, ("decode",), "decode", quiet=not progress)
+        if not (store / "zarr.json").is_file():
+            decoding = defaults.sized(decoding, encoding.filled(), execution, "studio")
+        space = SpaceGuard(store, ("decode",), "decode", quiet=execution.quiet)
         check_decode(path, store, decoding, space=space)  # bad input: refused here, at once
         source = (path, decoding)  # decoded in the page, with its progress
         if "frame_count" not in RunStore.open(store, read_only=True).attrs:
-            log.info(f"studio: {path} is decoded into {store} as the page shows", not progress)
+            log.info(f"studio: {path} is decoded into {store} as the page shows", execution.quiet)
         path = store
-    serve(
-        path,
-        host,
-        port,
-        dict(
-            model=model,
-            checkpoint=checkpoint,
-            random_weights=random_weights,
-            allow_env_change=allow_env_change,
-        ),
-        device,
-        open_page,
-        source,
-    )
+    serve(path, host, port, encoding, execution, open_page, source)

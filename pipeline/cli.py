@@ -5,13 +5,23 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 import click
 
 from segpipe import api, interrupt, log
 from segpipe.errors import SegpipeError, os_error_line
-from segpipe.settings import DEFAULTS
+from segpipe.settings import (
+    DEFAULTS,
+    DTYPES,
+    PRECISIONS,
+    Decoding,
+    Encoding,
+    Execution,
+    Tracking,
+    from_options,
+)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 100}
 STORE = click.option(
@@ -88,7 +98,7 @@ def encode_options(f):
 
     f = click.option(
         "--embedding-dtype",
-        type=click.Choice(["float32", "float16", "bfloat16"]),
+        type=click.Choice(DTYPES),
         default=None,
         show_default="float32, or the store's",
         help="How the embeddings are stored on disk, whatever they were computed in "
@@ -97,7 +107,7 @@ def encode_options(f):
     )(f)
     f = click.option(
         "--precision",
-        type=click.Choice(["float32", "bfloat16"]),
+        type=click.Choice(PRECISIONS),
         default=None,
         show_default="bfloat16 on CUDA, float32 elsewhere",
         help="How SAM 2 computes: bfloat16 runs it under bfloat16 autocast, as SAM 2 runs "
@@ -266,18 +276,6 @@ ALLOW_ENV_CHANGE = click.option(
 )
 
 
-def api_options(options: dict) -> dict:
-    """A command's click options as the API's keyword arguments, which have the same names
-    but for two flags said the other way round: `--quiet` (`progress`) and
-    `--no-space-check` (`space_check`)."""
-    options = dict(options)
-    if "quiet" in options:
-        options["progress"] = not options.pop("quiet")
-    if "no_space_check" in options:
-        options["space_check"] = not options.pop("no_space_check")
-    return options
-
-
 @contextmanager
 def writing(store: Path):
     """Every command that writes stops cleanly on a signal (the stages it calls hold the
@@ -326,7 +324,7 @@ def decode(video, store, **options):
       segpipe decode cells.tif --store cells.zarr --fps 2
     """
     with writing(store):
-        api.decode(video, store, **api_options(options))
+        api.decode(video, store, **from_options(options, Decoding, Execution))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -348,7 +346,7 @@ def encode(store, **options):
       segpipe encode --store frames.zarr --model segpipe_tiny --workers 2
     """
     with writing(store):
-        api.encode(store, **api_options(options))
+        api.encode(store, **from_options(options, Encoding, Execution))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -382,7 +380,7 @@ def track(store, prompts, **options):
       segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2 --groups 3
     """
     with writing(store):
-        api.track(store, prompts, **api_options(options))
+        api.track(store, prompts, **from_options(options, Tracking, Encoding, Execution))
 
 
 class ExportFormats(click.Choice):
@@ -442,7 +440,7 @@ def export(store, fmt, out, **options):
       segpipe export --store clip.zarr --format overlay --out clip_overlay.mp4 --frames 0:8
     """
     with writing(store):
-        api.export(store, fmt, out, **api_options(options))
+        api.export(store, fmt, out, progress=not options.pop("quiet"), **options)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -514,7 +512,7 @@ def run(video, store, prompts, exports, **options):
         else [f.strip() for f in exports.split(",") if f.strip()]
     )
     with writing(store):
-        api.run(video, store, prompts, exports=formats, **api_options(options))
+        api.run(video, store, prompts, **from_options(dict(options, exports=formats)))
     if prompts is None and not options["quiet"]:
         click.echo(
             f"run: no --prompts, so the video is decoded and encoded but not tracked; "
@@ -659,11 +657,17 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, *
           --work-dir stores/ --model segpipe_tiny
     (add --workers 4 for four videos at a time on Dask)
     """
-    from segpipe.vos.dataset import table
+    from segpipe.vos.dataset import VosInference, table
 
+    vos = VosInference(**{f.name: options.pop(f.name) for f in fields(VosInference)})
     with interrupt.finishing_chunks():
         results = api.dataset(
-            base_video_dir, input_mask_dir, output_mask_dir, work_dir, **api_options(options)
+            base_video_dir,
+            input_mask_dir,
+            output_mask_dir,
+            work_dir,
+            vos=vos,
+            **from_options(options, Decoding, Encoding, Execution),
         )
     interrupt.check()
     click.echo(table(results))
@@ -684,7 +688,7 @@ def dataset(base_video_dir, input_mask_dir, output_mask_dir, work_dir, gt_dir, *
                     output_mask_dir,
                     gt_dir,
                     videos=done,
-                    per_obj_png_file=options["per_obj_png_file"],
+                    per_obj_png_file=vos.per_obj_png_file,
                 ).table()
             )
         except SegpipeError as e:
@@ -707,7 +711,23 @@ def repair(store, **options):
       segpipe repair --store clip.zarr
     """
     with writing(store):
-        api.repair(store, **api_options(options))
+        api.repair(store, **from_options(options, Encoding, Execution))
+
+
+@cli.command(context_settings=CONTEXT)
+@STORE
+@QUIET
+def migrate(store, quiet):
+    """Convert a store made by an earlier segpipe (schema 4) to this one's, in place, keeping
+    its frames, features, memory and masks: one atomic write of its attributes, so a kill
+    leaves it as it was or converted. A store already current is left as it is.
+
+    \b
+    Example:
+      segpipe migrate --store clip.zarr
+    """
+    with writing(store):
+        api.migrate(store, execution=Execution(progress=not quiet))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -738,7 +758,8 @@ def studio(path, **options):
       segpipe studio clip.zarr
       segpipe studio clip.mp4 --store clip.zarr --model segpipe_tiny --port 0
     """
-    api.studio(path, **options)
+    where = {k: options.pop(k) for k in ("store", "host", "port", "open_page")}
+    api.studio(path, **where, **from_options(options, Decoding, Encoding, Execution))
 
 
 @cli.command(context_settings=CONTEXT)

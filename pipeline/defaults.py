@@ -1,13 +1,16 @@
 """The settings a store holds are the defaults of every later command on it: chunk and image
 size, the model and its weights (a random seed), the embedding dtype and what is kept (the
-precision: encode and track take the store's themselves). A command says once which of them it took from the store, where they are not
-the command line's own defaults."""
+precision: encode and track take the store's themselves). `resolve` fills them into the
+settings objects given (`segpipe.settings`), and says once which it took from the store,
+where they are not the command line's own defaults."""
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 from segpipe import log
 from segpipe.model import trained_size
-from segpipe.settings import DEFAULTS
+from segpipe.settings import DEFAULTS, Decoding, Encoding, Execution, Output, recorded
 from segpipe.store.runstore import RunStore
 
 COMMAND_LINE = DEFAULTS  # the command line's defaults, where a store may hold another value
@@ -15,44 +18,78 @@ OPTION = {"random_weights": "--random-weights"}  # the rest: --name-with-dashes
 
 
 def stored(store) -> dict:
-    """The settings `store` records (empty: no store yet)."""
+    """The settings `store` records, by name (empty: no store yet)."""
     if not RunStore.exists(store):
         return {}
-    attrs = RunStore.open(store, read_only=True).attrs
-    spec = attrs.get("model") or {}
-    found = {
-        "chunk_size": attrs.get("chunk_size"),
-        "image_size": attrs.get("image_size"),
-        "model": spec.get("name"),
-        "random_weights": (spec.get("weights") or {}).get("random_seed"),
-        "embedding_dtype": spec.get("embedding_dtype"),
-        "keep": attrs.get("keep"),
-    }
-    return {k: v for k, v in found.items() if v is not None}
+    opened = RunStore.open(store, read_only=True)
+    found = {}
+    for kind in (Decoding, Encoding, Output):
+        had = recorded(opened, kind)
+        if had is not None:
+            found.update({f.name: getattr(had, f.name) for f in fields(had)})
+    return {k: v for k, v in found.items() if v is not None and k in NAMES}
 
 
-def fill(store, command: str, quiet: bool, checkpoint=None, **given) -> dict:
-    """`given` (None: not given) with the store's settings in place of the missing ones; a
-    store's random seed only where no `checkpoint` is given. Says in one line which it took
-    that differ from the command line's defaults."""
+def resolve(
+    store,
+    command: str,
+    quiet: bool,
+    decoding: Decoding | None = None,
+    encoding: Encoding | None = None,
+    output: Output | None = None,
+) -> tuple[Decoding | None, Encoding | None, Output | None]:
+    """The settings given, with the store's in place of those not given (a store's random
+    seed only where neither a checkpoint nor another model is given), and `DEFAULTS` for the
+    model and dtype still missing (the sizes stay None on a new store: the weights may say
+    theirs, `sized`). Says in one line which it took from the store that differ
+    from the command line's defaults. A settings object not given (None) is left alone."""
     recorded = stored(store)
-    if checkpoint is not None or given.get("model") not in (None, recorded.get("model")):
+    if encoding is not None and (
+        encoding.checkpoint is not None or encoding.model not in (None, recorded.get("model"))
+    ):
         recorded.pop("random_weights", None)  # the store's seed is for the store's model
-    filled, taken = dict(given), []
-    for name, value in given.items():
-        if value is None and name in recorded:
-            filled[name] = recorded[name]
-            if recorded[name] != COMMAND_LINE.get(name):
-                taken.append(f"{OPTION.get(name, '--' + name.replace('_', '-'))} {recorded[name]}")
+    objects = {"decoding": decoding, "encoding": encoding, "output": output}
+    taken = []
+    for which, names in FROM_THE_STORE.items():
+        if objects[which] is None:
+            continue
+        given = {n: getattr(objects[which], n) for n in names}
+        found = {n: recorded[n] for n, v in given.items() if v is None and n in recorded}
+        objects[which] = replace(objects[which], **found)
+        taken += [
+            f"{OPTION.get(n, '--' + n.replace('_', '-'))} {v}"
+            for n, v in found.items()
+            if v != COMMAND_LINE.get(n)
+        ]
     if taken:
         log.info(f"{command}: the store's settings: {' '.join(taken)}", quiet)
-    return filled
+    encoding = objects["encoding"]
+    return objects["decoding"], encoding and encoding.filled(), objects["output"]
 
 
-def trained_image_size(weights, quiet: bool, command: str = "run") -> int | None:
-    """The image size `weights` say they were trained at (segpipe_tiny's do; official
+# the settings a later command takes from the store, by the settings object that holds them
+FROM_THE_STORE = {
+    "decoding": ("chunk_size", "image_size"),
+    "encoding": ("model", "random_weights", "embedding_dtype"),
+    "output": ("keep",),
+}
+NAMES = {name for names in FROM_THE_STORE.values() for name in names}
+
+
+def sized(decoding: Decoding, encoding: Encoding, execution: Execution, command: str) -> Decoding:
+    """`decoding` with a new store's image size, where none is given: the size the weights
+    (`encoding`, filled) say they were trained at (segpipe_tiny's do; official
     checkpoints do not: None, the command line's 1024), said where it is not 1024."""
-    size = trained_size(weights)
+    from segpipe.model import resolve_weights
+
+    if decoding.image_size is not None:
+        return decoding
+    size = trained_size(
+        resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
+    )
     if size is not None and size != COMMAND_LINE["image_size"]:
-        log.info(f"{command}: --image-size {size}, the size these weights were trained at", quiet)
-    return size
+        log.info(
+            f"{command}: --image-size {size}, the size these weights were trained at",
+            execution.quiet,
+        )
+    return replace(decoding, image_size=size)

@@ -374,6 +374,23 @@ class Later:
     device: str = "auto"  # decides the default precision (bfloat16 on CUDA)
     model: str | None = None  # decides the widths of features and memory
 
+    @classmethod
+    def of(cls, settings, prompts) -> "Later":
+        """What a run's settings (`segpipe.settings.Settings`) say of the stages after
+        decode."""
+        encoding, tracking = settings.encoding, settings.tracking
+        return cls(
+            encoding.embedding_dtype,
+            encoding.precision,
+            prompts,
+            tracking.direction,
+            tracking.object_start,
+            tracking.frames,
+            len(settings.output.exports) if prompts is not None else 0,
+            settings.execution.device,
+            encoding.model,
+        )
+
 
 def build(
     T: int,
@@ -632,7 +649,7 @@ def from_store(
     attrs = store.attrs
     if sizes is None:
         sizes = store.array_bytes()
-    C, S = attrs["chunk_size"], attrs["image_size"]
+    C, S = store.chunk_size, store.image_size
     video = attrs["video"]
     if "frame_count" in attrs:
         T, basis = attrs["frame_count"], "decoded"

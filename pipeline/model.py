@@ -19,7 +19,7 @@ from pathlib import Path
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import regular_file, resolved
-from segpipe.settings import DEFAULTS
+from segpipe.settings import DEFAULTS, PRECISIONS
 from segpipe.sources.identity import file_identity
 from segpipe.store.runstore import RunStore
 
@@ -401,9 +401,6 @@ def tracking_options(predictor) -> dict:
     }
 
 
-PRECISIONS = ("float32", "bfloat16")
-
-
 def pick_precision(precision: str | None, device: str) -> str:
     """How SAM 2 computes: "bfloat16" is SAM 2's documented GPU usage (everything under
     `torch.autocast(device, dtype=torch.bfloat16)`, as its README and vos_inference run it),
@@ -522,7 +519,7 @@ def model_spec(
 ) -> dict:
     return {
         "name": model,
-        "image_size": store.attrs["image_size"],
+        "image_size": store.image_size,
         "weights": weights.describe(),
         "embedding_dtype": embedding_dtype,
         "precision": precision,

@@ -220,39 +220,49 @@ def _parse(i, entry, base: Path, frame_count, width, height, budget: Budget) -> 
 
     points = labels = box = mask = None
     if "points" in entry:
-        points, labels = _plain(entry["points"]), _plain(entry["labels"])
-        if isinstance(points, list) and len(points) > MAX_POINTS:
-            fail(f"{len(points)} points: a prompt takes at most {MAX_POINTS}")
-        if (
-            not isinstance(points, list)
-            or not points
-            or not all(
-                isinstance(p, list) and len(p) == 2 and all(_is_num(c) for c in p) for p in points
-            )
-        ):
-            fail('"points" must be a non-empty list of [x, y] pairs')
-        if not isinstance(labels, list) or len(labels) != len(points):
-            fail(f'"labels" must be a list of {len(points)} labels, one per point')
-        if any(not _is_int(v) or v not in (0, 1) for v in labels):
-            fail(f"labels must be 1 (positive) or 0 (negative), got {_short(labels)}")
-        for x, y in points:
-            if not (0 <= x <= width and 0 <= y <= height):
-                fail(f"point ({_short(x)}, {_short(y)}) is outside the {width}x{height} frame")
-        points, labels = tuple(tuple(float(c) for c in p) for p in points), tuple(labels)
+        points, labels = _points(entry, width, height, fail)
     if "box" in entry:
-        box = _plain(entry["box"])
-        if not isinstance(box, list) or len(box) != 4 or not all(_is_num(c) for c in box):
-            fail('"box" must be [x0, y0, x1, y1]')
-        x0, y0, x1, y1 = box
-        if not (0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height):
-            fail(f"box {_short(box)} is not an ordered box inside the {width}x{height} frame")
-        box = tuple(float(c) for c in box)
+        box = _box(entry, width, height, fail)
     if "mask" in entry:
         budget.take(1, 1)  # before its mask is decoded
         mask = _load_mask(entry["mask"], base, width, height, fail)
     else:
         budget.take(1)
     return [Prompt(obj, frame, points, labels, box, mask)]
+
+
+def _points(entry: dict, width: int, height: int, fail) -> tuple[tuple, tuple]:
+    """An entry's points and labels, checked."""
+    points, labels = _plain(entry["points"]), _plain(entry["labels"])
+    if isinstance(points, list) and len(points) > MAX_POINTS:
+        fail(f"{len(points)} points: a prompt takes at most {MAX_POINTS}")
+    if (
+        not isinstance(points, list)
+        or not points
+        or not all(
+            isinstance(p, list) and len(p) == 2 and all(_is_num(c) for c in p) for p in points
+        )
+    ):
+        fail('"points" must be a non-empty list of [x, y] pairs')
+    if not isinstance(labels, list) or len(labels) != len(points):
+        fail(f'"labels" must be a list of {len(points)} labels, one per point')
+    if any(not _is_int(v) or v not in (0, 1) for v in labels):
+        fail(f"labels must be 1 (positive) or 0 (negative), got {_short(labels)}")
+    for x, y in points:
+        if not (0 <= x <= width and 0 <= y <= height):
+            fail(f"point ({_short(x)}, {_short(y)}) is outside the {width}x{height} frame")
+    return tuple(tuple(float(c) for c in p) for p in points), tuple(labels)
+
+
+def _box(entry: dict, width: int, height: int, fail) -> tuple:
+    """An entry's box, checked."""
+    box = _plain(entry["box"])
+    if not isinstance(box, list) or len(box) != 4 or not all(_is_num(c) for c in box):
+        fail('"box" must be [x0, y0, x1, y1]')
+    x0, y0, x1, y1 = box
+    if not (0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height):
+        fail(f"box {_short(box)} is not an ordered box inside the {width}x{height} frame")
+    return tuple(float(c) for c in box)
 
 
 def _parse_id_mask(

@@ -10,6 +10,7 @@ from pathlib import Path
 from segpipe import log
 from segpipe.errors import DamagedStore, SegpipeError, StoreNotReady
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
+from segpipe.settings import Encoding, Execution
 from segpipe.store.layout import TRACK_ARRAYS, memory_arrays
 from segpipe.store.ledger import object_stage
 from segpipe.store.lock import holds_store_lock
@@ -76,7 +77,7 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
             f"store {store.path} stopped while it decoded and tracked at once: run `segpipe "
             f"run` again to finish both, then repair"
         )
-    T, C = store.attrs["frame_count"], store.attrs["chunk_size"]
+    T, C = store.attrs["frame_count"], store.chunk_size
     plan = ChunkPlan(T, C)
     for d in passes(track["direction"]):
         _scan_pass(store, plan, track, d, found, redo)
@@ -133,17 +134,16 @@ def _scan_pass(store: RunStore, plan: ChunkPlan, track: dict, d: str, found: lis
 
 
 @holds_store_lock
-def repair(
-    store_path, checkpoint: str | None, device: str, quiet: bool, allow_env_change: bool = False
-) -> list[Damage]:
-    """Recompute the damaged chunks `scan` finds, in the store's compute environment
-    (checked before anything changes; `allow_env_change`: in another too)."""
+def repair(store_path, checkpoint: str | None, execution: Execution) -> list[Damage]:
+    """Recompute the damaged chunks `scan` finds (`checkpoint`: the weights, where the store
+    records no seed), in the store's compute environment (checked before anything changes;
+    `execution.allow_env_change`: in another too)."""
     from segpipe import environment
     from segpipe.stages.decode import decode
     from segpipe.stages.encode import encode
     from segpipe.stages.track.stage import track, write_untracked
 
-    store = RunStore.open(store_path)
+    store, quiet = RunStore.open(store_path), execution.quiet
     found, redo = scan(store)  # an unfinished decode too: decode then continues from the damage
     if not found:
         log.info(f"repair: no damage found in {store.path}", quiet)
@@ -152,7 +152,8 @@ def repair(
         log.warn(f"damaged: array {d.array!r} chunk {d.chunk} {d.reason}")
     computed = [stage for stage in redo if stage == "encode" or stage.startswith("track")]
     if computed and "model" in store.attrs:
-        environment.check(store, environment.of_work(device), allow_env_change, quiet)
+        computing = environment.of_work(execution.device)
+        environment.check(store, computing, execution.allow_env_change, quiet)
     for stage, chunks in redo.items():
         for k in sorted(chunks) if stage != UNTRACKED else ():
             store.ledger(stage).undo(k)
@@ -168,18 +169,18 @@ def repair(
         decode(Path(store.attrs["source"]["path"]), store.path, quiet=quiet)
     model = store.attrs.get("model")
     if "encode" in redo:
-        encode(
-            store.path,
+        encoding = Encoding(
             model["name"],
             checkpoint,
             model["weights"].get("random_seed"),
-            device,
             embedding_dtype=model["embedding_dtype"],
-            quiet=quiet,
         )  # the store's precision
+        encode(store.path, encoding, execution)
     if any(stage.startswith("track") for stage in redo):
         # the tracked prompts, never a studio's draft: a repair recomputes what was tracked
-        track(store.path, device=device, checkpoint=checkpoint, quiet=quiet, draft=False)
+        track(
+            store.path, encoding=Encoding(checkpoint=checkpoint), execution=execution, draft=False
+        )
     # untracked chunks count as track's; a pass's chunk once, whatever objects it was for
     redone = {(stage.split("/")[0], k) for stage, chunks in redo.items() for k in chunks}
     stages = sorted({stage for stage, _ in redone})

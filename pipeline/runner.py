@@ -10,12 +10,13 @@ that were in flight.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from segpipe import log
+from segpipe import defaults, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Output, Settings
 from segpipe.sources.registry import named, probe
 from segpipe.stages.alongside import CountChanged
 from segpipe.stages.alongside import start as start_alongside
@@ -25,66 +26,75 @@ from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import FORMATS
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
-from segpipe.store.retention import keep_setting, set_keep
+from segpipe.store.retention import keep_setting, refuse_on_dask, set_keep
 from segpipe.store.runstore import RunStore
 
 
-def run(
-    video,
-    store,
-    prompts,
-    *,
-    decoding: Decoding,
-    encoding: dict,
-    tracking: Tracking,
-    groups: int | None,
-    exports: list[str],
-    keep: str | None,
-    space,
-    cluster,
-    quiet: bool,
-) -> None:
-    """Every stage on `store`, with the settings of each (`encoding`: encode's keywords; decode
-    takes its `force`, track its device, weights and environment setting); `space`
-    is asked before each stage writes, `cluster` (or None) runs chunks on Dask."""
+def settled(video, store, prompts, settings: Settings) -> Settings:
+    """`settings` checked (and the prompts against the source), before anything is
+    written; then resolved (`defaults.resolve`: the store's where not given) and sized
+    (`defaults.sized`: a new store at the size the weights were trained at)."""
+    from segpipe.model import resolve_weights
+    from segpipe.stages.export.formats import run_formats
+
+    decoding, encoding = settings.decoding.check(), settings.encoding.check()
+    execution, output = settings.execution.check(), settings.output.check(FORMATS)
+    output = Output(output.keep, tuple(output.formats(run_formats())))
+    if execution.on_dask:
+        refuse_on_dask(output.keep)
+    if prompts is not None:
+        check_prompts(video, prompts, output.exports, decoding.stream, decoding.fps, store)
+    decoding, encoding, output = defaults.resolve(
+        store, "run", execution.quiet, decoding, encoding, output
+    )
+    resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)  # none: said now
+    decoding = defaults.sized(decoding, encoding, execution, "run")
+    return Settings(decoding, encoding, settings.tracking, output, execution)
+
+
+def run(video, store, prompts, settings: Settings, space, cluster) -> None:
+    """Every stage on `store` with `settings` (resolved: `defaults.resolve`); `space` is
+    asked before each stage writes, `cluster` (or None) runs chunks on Dask."""
     from segpipe.stages.encode import encode as encode_stage  # torch: once there is work
 
-    write_frames = _frames_written(keep) if prompts is not None else None
-    alongside = _decoded(
-        video, store, decoding, prompts, cluster, encoding["force"], space, write_frames, quiet
-    )
+    output, execution = settings.output, settings.execution
+    quiet = execution.quiet
+    write_frames = _frames_written(output.keep) if prompts is not None else None
+    alongside = _decoded(video, store, settings, prompts, cluster, space, write_frames)
     try:
-        set_keep(RunStore.open(store), keep)
+        set_keep(RunStore.open(store), output.keep)
         if prompts is not None:  # the frame range too, now that it is known, before encoding
             alongside = _frames_checked(store, prompts, alongside, quiet)
-        encoding = dict(encoding, quiet=quiet, space=space)
+        encoding = (settings.encoding, settings.execution)
         if prompts is None:
-            encode_stage(store, **encoding, cluster=cluster)
+            encode_stage(store, *encoding, space=space, cluster=cluster)
             return
         # the model, checked and recorded (on Dask, every chunk encoded: the workers have
         # nothing else to do yet)
-        encode_stage(store, **encoding, chunks=[] if cluster is None else None, cluster=cluster)
+        chunks = [] if cluster is None else None
+        encode_stage(store, *encoding, chunks=chunks, space=space, cluster=cluster)
         if alongside is not None:  # (once the prompts and model are checked: see alongside)
             alongside.begin()
-        args = (store, prompts, tracking, encoding, exports, groups, cluster, space, quiet)
+        args = (store, prompts, settings, cluster, space)
         exporting = _tracked_to_the_count(video, args, alongside, encode_stage)
         exporting.finish(quiet)
         if keep_setting(RunStore.open(store)) == "all" and cluster is None:  # the chunks no
-            encode_stage(store, **encoding)  # pass needed: re-prompting is then free
+            encode_stage(store, *encoding, space=space)  # pass needed: re-prompting is then free
     finally:
         if alongside is not None:
             alongside.close()
 
 
-def _decoded(video, store, decoding, prompts, cluster, force, space, write_frames, quiet):
+def _decoded(video, store, settings: Settings, prompts, cluster, space, write_frames):
     """The video decoded; or, for a tracking in this process, its decode to run alongside
     (returned, to `begin`) where the source claims its count (`stages.alongside`)."""
-    how = dict(force=force, space=space, write_frames=write_frames, quiet=quiet)
+    execution = settings.execution
+    how = dict(force=execution.force, space=space, write_frames=write_frames, quiet=execution.quiet)
     if prompts is not None and cluster is None:
-        alongside = start_alongside(Path(video), Path(store), decoding, **how)
+        alongside = start_alongside(Path(video), Path(store), settings.decoding, **how)
         if alongside is not None:
             return alongside
-    decode_stage(Path(video), Path(store), decoding, **how)
+    decode_stage(Path(video), Path(store), settings.decoding, **how)
     return None
 
 
@@ -122,14 +132,15 @@ def _tracked_to_the_count(video, args, alongside, encode_stage) -> ExportsAsTrac
         return exporting
     except CountChanged:
         T = alongside.finish()
-        store, prompts, encoding, quiet = args[0], args[1], args[3], args[-1]
+        store, prompts, settings, _, space = args
+        quiet = settings.execution.quiet
         log.info(
             f"run: {video} decodes to {T} frames, not the {alongside.claimed} "
             f"{alongside.claimant}: tracking again on {T}",
             quiet,
         )
         _check_frames(store, prompts)
-        encode_stage(store, **encoding, chunks=[])
+        encode_stage(store, settings.encoding, settings.execution, chunks=[], space=space)
         return _tracked(*args, force=True)
 
 
@@ -141,28 +152,22 @@ def _check_frames(store, prompts, count: int | None = None) -> None:
     prompt_file.load(prompts, count, video["width"], video["height"])
 
 
-def _tracked(
-    store, prompts, tracking, encoding, exports, groups, cluster, space, quiet, force=False
-) -> ExportsAsTracked:
+def _tracked(store, prompts, settings: Settings, cluster, space, force=False) -> ExportsAsTracked:
     """The tracking, its chunks exported as they are committed (`force`: tracked anew); the
     exports, to finish."""
+    formats = settings.output.exports
     exporting = ExportsAsTracked(
-        store, [dict(fmt=f, out=export_folder(store) / FORMATS[f].output) for f in exports], cluster
+        store, [dict(fmt=f, out=export_folder(store) / FORMATS[f].output) for f in formats], cluster
     )
     track_stage(
         store,
         prompts,
-        tracking,
-        device=encoding["device"],
-        checkpoint=encoding["checkpoint"],
-        quiet=quiet,
-        force=force,
+        settings.tracking,
+        settings.encoding,
+        replace(settings.execution, force=force),  # (run's --force is decode's and encode's)
         on_commit=exporting.committed,
-        batch_size=encoding["batch_size"],
         cluster=cluster,
         space=space,
-        groups=groups,
-        allow_env_change=encoding["allow_env_change"],
     )
     return exporting
 

@@ -1,24 +1,35 @@
 """Settings as frozen objects, one per concern, each filled in and checked in one place: what
 was given, else the store's record, else `DEFAULTS` (a `Decoding` given is held against the
-store's record; `defaults.fill` takes the store's for `run`). The command line's options and the
-API's keywords have the fields' names.
+store's record; `defaults.resolve` takes the store's decoding, encoding and output settings,
+`Tracking.resolve` its tracking). The command line's options have the fields' names.
 
 - `Decoding`: chunk and image size, a video's stream, a frame folder's or stack's rate.
+- `Encoding`: the model, its weights, and how frames become features (batch size, dtype,
+  precision).
 - `Tracking`: direction, window and the options that turn SAM 2's outputs into masks.
+- `Output`: what the store keeps and which exports `run` writes.
+- `Execution`: where and how this call runs (device, Dask, progress, the space check,
+  starting over, another environment); never recorded in the store.
 
-(The model's and the encoding's settings, the output's and the execution's are still
-threaded as keywords: see docs/architecture.md.)
+The API takes them as objects (`segpipe.run(video, store, prompts, decoding=Decoding(...),
+...)`), the command line builds them from its options (`from_options`), and the stages below
+the API read their fields (the stages' own keywords are still loose: see
+docs/architecture.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from segpipe.errors import BadInput
 
 if TYPE_CHECKING:
     from segpipe.store.runstore import RunStore
+
+# The values segpipe offers: the stored features' dtypes, SAM 2's precisions.
+DTYPES = ("float32", "float16", "bfloat16")
+PRECISIONS = ("float32", "bfloat16")
 
 # The defaults, where neither the command nor the store says (the tracking options' are SAM
 # 2's predictor's: `store.tracking.OPTIONS`).
@@ -43,11 +54,8 @@ class Decoding:
 
     def check(self) -> "Decoding":
         """Refuses sizes that cannot be (before anything is read or written)."""
-        for name, value in (("--chunk-size", self.chunk_size), ("--image-size", self.image_size)):
-            if value is not None and (
-                isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
-            ):
-                raise BadInput(f"{name} must be a positive integer, got {value!r}")
+        _positive("--chunk-size", self.chunk_size)
+        _positive("--image-size", self.image_size)
         if self.image_size is not None and self.image_size % 32:
             raise BadInput(
                 f"--image-size must be a multiple of 32 (SAM 2's stride), got {self.image_size}"
@@ -61,15 +69,15 @@ class Decoding:
     def against(self, store: "RunStore") -> None:
         """Each setting given must be the store's (`StoreMismatch` names the first that is
         not)."""
-        attrs = store.attrs
-        for name, recorded, given in (
-            ("chunk_size", attrs["chunk_size"], self.chunk_size),
-            ("image_size", attrs["image_size"], self.image_size),
-            ("--stream", attrs["video"].get("stream"), self.stream),
-            ("--fps", attrs["video"]["fps"], None if self.fps is None else float(self.fps)),
+        had = recorded(store, Decoding)
+        for name, was, given in (
+            ("chunk_size", had.chunk_size, self.chunk_size),
+            ("image_size", had.image_size, self.image_size),
+            ("--stream", had.stream, self.stream),
+            ("--fps", had.fps, None if self.fps is None else float(self.fps)),
         ):
             if given is not None:
-                store.require(name, recorded, given)
+                store.require(name, was, given)
 
 
 @dataclass(frozen=True)
@@ -120,3 +128,207 @@ class ResolvedTracking:
     direction: str
     options: dict
     window: list | None
+
+
+def _positive(name: str, value) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
+    ):
+        raise BadInput(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The model and how it encodes (None: the store's, else `DEFAULTS`): `model` (a name of
+    `segpipe.model.MODELS`), its weights (`checkpoint`: an official checkpoint file, a
+    folder, or "hf:facebook/sam2.1-hiera-tiny"; or `random_weights=SEED`, tests and demos
+    only), `batch_size` frames through the image encoder at once, `embedding_dtype` of the
+    stored features, `precision` ("bfloat16": SAM 2 under bfloat16 autocast, the default on
+    CUDA; "float32" elsewhere)."""
+
+    model: str | None = None
+    checkpoint: str | None = None
+    random_weights: int | None = None
+    batch_size: int = 1
+    embedding_dtype: str | None = None
+    precision: str | None = None
+
+    def check(self) -> "Encoding":
+        """Refuses values that cannot be (before anything is read or written)."""
+        _positive("--batch-size", self.batch_size)
+        if self.embedding_dtype is not None and self.embedding_dtype not in DTYPES:
+            raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}")
+        return self
+
+    def filled(self) -> "Encoding":
+        """`DEFAULTS` in place of the model and dtype not given (once the store's are in:
+        `defaults.resolve`). The precision stays None: the store's, else the device's."""
+        return replace(
+            self,
+            model=self.model or DEFAULTS["model"],
+            embedding_dtype=self.embedding_dtype or DEFAULTS["embedding_dtype"],
+        )
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a run leaves: `keep` and `exports`.
+
+    `keep`: "all" (frames and features stay: re-prompting then costs no encoding, and the
+    chunks no pass needed are encoded at the end), "masks" (a chunk's frames are dropped
+    once encoded, and its features are written only where a later read needs them, the
+    prompted chunks, and dropped once every pass has tracked them, so a long video needs a
+    few chunks of them on disk; the video is then decoded twice, once to count and time its
+    frames, and again chunk by chunk as the passes need them; the storage estimate counts
+    frames and features as the 3 chunks of each such a run holds at once), or None (the
+    store's, else "all").
+
+    `exports`: `run`'s formats, written into `<store name>.export/` beside the store as
+    chunks are final (None: the registry's defaults; () for none)."""
+
+    keep: str | None = None
+    exports: tuple | None = None
+
+    def check(self, registered) -> "Output":
+        """Refuses an unknown keep setting, or an export format not in `registered` (the
+        export registry's names: `stages.export.formats`, a layer above)."""
+        from segpipe.store.retention import check_keep
+
+        check_keep(self.keep)
+        if isinstance(self.exports, str):
+            raise BadInput(f"exports must be a list of formats, got the string {self.exports!r}")
+        unknown = [f for f in self.exports or () if f not in registered]
+        if unknown:
+            raise BadInput(
+                f"unknown export format {unknown[0]!r}; choose from {', '.join(registered)}"
+            )
+        return self
+
+    def formats(self, defaults) -> list[str]:
+        """The formats `run` exports (`defaults`: the registry's, where none are given)."""
+        return list(defaults) if self.exports is None else list(self.exports)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where and how one call runs; none of it is recorded in the store. `device` ("auto":
+    CUDA, else MPS, else the CPU), `workers=N` (a local Dask cluster of N processes) or
+    `scheduler="tcp://..."` (that Dask scheduler's workers), `groups` of objects tracked
+    side by side there, `progress` bars, `space_check` (refuse when the disk lacks the
+    space the estimate needs), `force` (start over a store made otherwise, or track anew),
+    `allow_env_change` (go on in another compute environment than the store's: the results
+    are then no longer bit-identical; see `segpipe.environment`)."""
+
+    device: str = "auto"
+    workers: int | None = None
+    scheduler: str | None = None
+    groups: int | None = None
+    progress: bool = True
+    space_check: bool = True
+    force: bool = False
+    allow_env_change: bool = False
+
+    @property
+    def quiet(self) -> bool:
+        return not self.progress
+
+    @property
+    def on_dask(self) -> bool:
+        return self.workers is not None or self.scheduler is not None
+
+    def check(self) -> "Execution":
+        """Refuses a count below one, and Dask named twice."""
+        _positive("--workers", self.workers)
+        _positive("--groups", self.groups)
+        if self.workers is not None and self.scheduler is not None:
+            raise BadInput("give --workers or --scheduler, not both")
+        return self
+
+
+SETTINGS = (Decoding, Encoding, Tracking, Output, Execution)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A whole run's settings, one object of each concern."""
+
+    decoding: Decoding = Decoding()
+    encoding: Encoding = Encoding()
+    tracking: Tracking = Tracking()
+    output: Output = Output()
+    execution: Execution = Execution()
+
+    @classmethod
+    def of(cls, decoding=None, encoding=None, tracking=None, output=None, execution=None):
+        """The settings given, the defaults' objects for those not given (None)."""
+        return cls(
+            decoding or Decoding(),
+            encoding or Encoding(),
+            tracking or Tracking(),
+            output or Output(),
+            execution or Execution(),
+        )
+
+
+def from_options(options: dict, *kinds) -> dict:
+    """The settings objects of `kinds` (all of `SETTINGS` when none is named), each from the
+    entries of `options` (a command's click options, or keywords) that bear one of its
+    fields' names; `quiet` and `no_space_check`, the command line's flags said the other way
+    round, are `Execution`'s `progress` and `space_check`. Keyed by the API's argument
+    names (`decoding`, `encoding`, ...). An entry no setting takes is an error (a
+    command's option that nothing would read)."""
+    options = dict(options)
+    if "quiet" in options:
+        options["progress"] = not options.pop("quiet")
+    if "no_space_check" in options:
+        options["space_check"] = not options.pop("no_space_check")
+    made = {}
+    for kind in kinds or SETTINGS:
+        given = {f.name: options.pop(f.name) for f in fields(kind) if f.name in options}
+        made[kind.__name__.lower()] = kind(**given)
+    if options:
+        raise TypeError(f"options no setting takes: {', '.join(options)}")
+    return made
+
+
+# -- the store's record of its settings (schema 5) ----------------------------------------
+
+
+def record(decoding: Decoding) -> dict:
+    """The store attributes that record `decoding` (filled in): its sizes, as "decoding".
+    The one writing of a store's settings, with `retention.set_keep` (the "output" record);
+    the stream and rate decoded are the "video" record's, the model the "model" record's,
+    the tracking the "track" record's: what was computed, with more than the settings."""
+    return {"decoding": {"chunk_size": decoding.chunk_size, "image_size": decoding.image_size}}
+
+
+def recorded(store: "RunStore", kind):
+    """The `kind` of settings (`Decoding`, `Encoding`, `Output`) the store records, None where
+    it has none yet: the one reading of a store's record as settings. `Encoding` is the
+    model record's (its seed, not its checkpoint: a checkpoint is given each time)."""
+    attrs = store.attrs
+    if kind is Decoding:
+        video, sizes = attrs.get("video") or {}, attrs.get("decoding")
+        if sizes is None:
+            return None
+        return Decoding(
+            sizes["chunk_size"], sizes["image_size"], video.get("stream"), video.get("fps")
+        )
+    if kind is Encoding:
+        spec = attrs.get("model")
+        if spec is None:
+            return None
+        return Encoding(
+            spec["name"],
+            None,
+            spec["weights"].get("random_seed"),
+            embedding_dtype=spec["embedding_dtype"],
+            precision=spec["precision"],
+        )
+    if kind is Output:
+        from segpipe.store.retention import keep_setting
+
+        return Output(keep_setting(store))
+    raise TypeError(f"a store records no {kind.__name__} as such (see `Tracking.resolve`)")

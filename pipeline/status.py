@@ -32,7 +32,7 @@ def describe(store_path, now: float | None = None) -> dict:
     store = RunStore.open(store_path, read_only=True)
     attrs = store.attrs
     T = attrs.get("frame_count")
-    C = attrs["chunk_size"]
+    C = store.chunk_size
     stages, orders = _stages_and_orders(store, attrs, T, C)
     now = time.time() if now is None else now
     progress = {}
@@ -55,7 +55,7 @@ def describe(store_path, now: float | None = None) -> dict:
         "source": attrs["source"]["path"],
         "frames": T,
         "chunk_size": C,
-        "image_size": attrs["image_size"],
+        "image_size": store.image_size,
         "video": {
             k: attrs["video"].get(k) for k in ("width", "height", "fps", "kind", "intensity")
         },

@@ -178,7 +178,7 @@ def start(
         return None
     kept = write_frames is None or write_frames(store)
     claimant = "the source counts" if kind.counted else "the container records"
-    C = store.attrs["chunk_size"]
+    C = store.chunk_size
     alongside = Alongside(store_path, video, count, kept, C, quiet, claimant)
     log.info(f"decode: alongside the tracking ({count} frames, as {claimant})", quiet)
     return alongside.register()

@@ -17,7 +17,7 @@ from segpipe import log
 from segpipe.behind import Behind
 from segpipe.errors import BadInput, DamagedStore, StoreMismatch
 from segpipe.fsutil import fsync_path, resolved
-from segpipe.settings import Decoding
+from segpipe.settings import Decoding, record
 from segpipe.sources.frames import DIGEST, digested_input, resize_workers
 from segpipe.sources.registry import for_store, identity, named, probe, same_source
 from segpipe.sources.video import DecodeError, is_damage, video_streams
@@ -60,9 +60,7 @@ def open_or_create_store(
             if store.attrs["video"].get("intensity"):  # the recorded window, not computed again
                 info = replace(info, intensity=tuple(store.attrs["video"]["intensity"]))
             if space is not None and "frame_count" not in store.attrs:
-                space.before_decode(
-                    store, video, info, store.attrs["chunk_size"], store.attrs["image_size"]
-                )
+                space.before_decode(store, video, info, store.chunk_size, store.image_size)
             return store
     elif space is not None:
         space.before_decode(None, video, info, C, S)
@@ -73,8 +71,7 @@ def open_or_create_store(
         {
             "source": {"path": str(resolved(video)), **identity(video, info.kind)},
             "video": info.as_attrs(),
-            "chunk_size": C,
-            "image_size": S,
+            **record(Decoding(C, S)),
         },
     )
 
@@ -157,7 +154,7 @@ def decode_rest(
     decode records (`frame_count`, `decode_warning`), not recorded yet. `resumed(k)`: told
     the chunk it resumes from; `committed(k, n)`: chunk k's n frames committed; `stop`: as
     `_decode_chunks`."""
-    resume_chunk = _resume_from(store, store.attrs["chunk_size"])
+    resume_chunk = _resume_from(store, store.chunk_size)
     if resumed is not None:
         resumed(resume_chunk)
     frames, write = _chunk_writer(store, resume_chunk, kept)
@@ -184,7 +181,7 @@ def _redecode_or_done(store: RunStore, video: Path, quiet: bool) -> None:
 def _chunk_writer(store: RunStore, resume_chunk: int, kept: bool):
     """(frames array, write): the arrays cut to `resume_chunk`; write(k, ...) commits chunk k
     (its frames recorded dropped instead of written, not `kept`)."""
-    C, S = store.attrs["chunk_size"], store.attrs["image_size"]
+    C, S = store.chunk_size, store.image_size
     start = resume_chunk * C
     frames = store.ensure_array("frames", (start, S, S, 3), (C, S, S, 3), "uint8")
     pts_arr = store.ensure_array("pts", (start,), (C,), "int64", fill_value=-1)
@@ -220,7 +217,7 @@ def _decode_chunks(
     """Decode from chunk `resume_chunk` to the end, writing chunks behind; why it broke off.
     `stop` (a `threading.Event`; `Alongside`): once set, the decoding ends after the chunk
     being written (raising `Stopped`)."""
-    C, S = store.attrs["chunk_size"], store.attrs["image_size"]
+    C, S = store.chunk_size, store.image_size
     start = resume_chunk * C
     claimed = store.attrs["video"]["claimed_frames"]
     broke_off = None
@@ -304,7 +301,7 @@ class Redecoder:
 
     def __init__(self, store: RunStore, video: Path):
         self.store, self.video = store, video
-        self.S = store.attrs["image_size"]
+        self.S = store.image_size
         self.plan = store.plan
         self.reader = SourceReader(store, video)
 

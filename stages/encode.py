@@ -16,9 +16,8 @@ import torch
 
 from segpipe import environment, log
 from segpipe.behind import Behind
-from segpipe.errors import BadInput, StoreMismatch
+from segpipe.errors import StoreMismatch
 from segpipe.model import (
-    DEFAULT_MODEL,
     autocast,
     check_model,
     for_workers,
@@ -30,6 +29,7 @@ from segpipe.model import (
     trained_size,
 )
 from segpipe.plan import ChunkPlan
+from segpipe.settings import Encoding, Execution
 from segpipe.store.features import (
     LEVELS,
     as_read_back,
@@ -46,7 +46,6 @@ from segpipe.store.retention import drop, has, keep_setting, restored
 from segpipe.store.runstore import RunStore
 
 STAGE = "encode"
-DTYPES = ("float32", "float16", "bfloat16")
 # SAM 2's frame loader normalisation (sam2.utils.misc.load_video_frames)
 IMG_MEAN = torch.tensor((0.485, 0.456, 0.406), dtype=torch.float32)[:, None, None]
 IMG_STD = torch.tensor((0.229, 0.224, 0.225), dtype=torch.float32)[:, None, None]
@@ -98,40 +97,42 @@ def preprocess(frames: np.ndarray, device=None) -> torch.Tensor:
 @holds_store_lock
 def encode(
     store_path,
-    model: str = DEFAULT_MODEL,
-    checkpoint: str | None = None,
-    random_weights: int | None = None,
-    device: str = "auto",
-    batch_size: int = 1,
-    embedding_dtype: str = "float32",
-    quiet: bool = False,
+    encoding: Encoding = Encoding(),
+    execution: Execution = Execution(),
+    *,
     predictor=None,
-    force: bool = False,
-    precision: str | None = None,
     chunks: list[int] | None = None,
     space=None,
     cluster=None,
-    allow_env_change: bool = False,
 ) -> RunStore:
-    """Encode every decoded chunk not yet encoded (or only `chunks`). Under `--keep masks` a
-    chunk's frames are dropped once it is encoded (`write_features`). `space` (an
-    `space.SpaceGuard`) is asked before the first write, when there is work to do. With
-    `cluster` (`segpipe.dask.client`), the chunks are encoded on Dask workers (`segpipe.dask.tasks`).
-    The store is computed in one environment (`segpipe.environment`; `allow_env_change`:
-    in another too)."""
+    """Encode every decoded chunk not yet encoded (or only `chunks`) with `encoding` (its
+    model and dtype None: `DEFAULTS`; its precision None: the store's, else the device's),
+    where `execution` says (its device, progress, `force`: start over a store encoded
+    otherwise). Under `--keep masks` a chunk's frames are dropped once it is encoded
+    (`write_features`). `space` (an `space.SpaceGuard`) is asked before the first write,
+    when there is work to do. With `cluster` (`segpipe.dask.client`), the chunks are encoded
+    on Dask workers (`segpipe.dask.tasks`). The store is computed in one environment
+    (`segpipe.environment`; `execution.allow_env_change`: in another too)."""
     store = RunStore.open(store_path)
     T = require_decoded(store)
-    _check_arguments(batch_size, embedding_dtype)
-    weights = resolve_weights(model, checkpoint, random_weights)
-    precision = _choose_precision(store, precision, device, predictor, cluster)
+    e, device, quiet = encoding.check().filled(), execution.device, execution.quiet
+    model, checkpoint, batch_size, embedding_dtype = (
+        e.model,
+        e.checkpoint,
+        e.batch_size,
+        e.embedding_dtype,
+    )
+    weights = resolve_weights(model, checkpoint, e.random_weights)
+    precision = _choose_precision(store, e.precision, device, predictor, cluster)
     spec = model_spec(store, model, weights, embedding_dtype, precision)
-    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    plan = ChunkPlan(T, store.chunk_size)
     work = environment.of_work(device, predictor, cluster)
+    force = execution.force
     todo = _start(
         store, spec, plan, chunks, force, space, (embedding_dtype, precision), quiet, work
     )
     if todo:
-        environment.check(store, work, allow_env_change, quiet)
+        environment.check(store, work, execution.allow_env_change, quiet)
     _warn_about_weights(weights, spec)
     if not todo:
         if chunks is None:
@@ -147,20 +148,10 @@ def encode(
         log.result(f"encode: {T} frames embedded in {store.path}", quiet)
         return store
     if predictor is None:
-        predictor = predictor_for(
-            {"name": model, "image_size": store.attrs["image_size"]}, weights, device
-        )
+        predictor = predictor_for({"name": model, "image_size": store.image_size}, weights, device)
     _encode_chunks(store, predictor, plan, todo, batch_size, embedding_dtype, precision, quiet)
     log.result(f"encode: {T} frames embedded in {store.path}", quiet)
     return store
-
-
-def _check_arguments(batch_size: int, embedding_dtype: str) -> None:
-    """Refuse a batch size below 1 and an embedding dtype segpipe does not store."""
-    if batch_size < 1:
-        raise BadInput(f"--batch-size must be a positive integer, got {batch_size}")
-    if embedding_dtype not in DTYPES:
-        raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
 
 
 def _choose_precision(

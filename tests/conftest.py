@@ -299,12 +299,13 @@ def run_in_process(small: Path, store: Path, video: Path | None = None, **option
     """`segpipe run` with `run_args` (and `--quiet`) in this process: `segpipe.run`, the call
     the command makes, with the same options; for reference stores and reruns (the commands
     a test is about stay commands). `video`: another video than the small clip; `options`:
-    more of `segpipe.run`'s keyword arguments."""
+    more settings, by the names the command line and `segpipe.settings` give them."""
     import segpipe as api
+    from segpipe.settings import from_options
 
     settings = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
     video = small / "clip.mp4" if video is None else video
-    return api.run(video, store, small / "prompts.json", **{**settings, **options})
+    return api.run(video, store, small / "prompts.json", **from_options({**settings, **options}))
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
 """Kills at chosen points inside a process, for crash tests that must land mid-work: the
 process installs one of these, then does its work, and kills itself (SIGKILL) there.
 
-- `mid_write(part, nth)`: halfway through writing the bytes of the `nth` chunk file (a
-  write opened by zarr's atomic writer) whose path contains `part`.
+- `mid_write(part, nth, chunks=True)`: halfway through writing the bytes of the `nth` chunk
+  file (a write opened by zarr's atomic writer) whose path contains `part`; with `chunks`
+  False, of any file (a `zarr.json`: zarr writes it as `zarr.<uuid>.partial` first).
 - `wait_before_write(part, nth, flag)`: before opening the `nth` such chunk file, wait
   until the file `flag` exists (the process holds whatever it holds meanwhile: a test
   acts then, at a known point of the work).
@@ -46,12 +47,12 @@ class _Half:
         _die()
 
 
-def mid_write(part: str, nth: int = 1) -> None:
+def mid_write(part: str, nth: int = 1, chunks: bool = True) -> None:
     opened, seen = pathlib.Path.open, [0]
 
     def killing_open(self, mode="r", *args, **kwargs):
         f = opened(self, mode, *args, **kwargs)
-        if "w" in mode and part in str(self) and "/c/" in str(self):
+        if "w" in mode and part in str(self) and ("/c/" in str(self) or not chunks):
             seen[0] += 1
             if seen[0] == nth:
                 return _Half(f)

@@ -86,7 +86,7 @@ def store_predictor(attrs) -> object:
 
         checkpoint = SHIPPED[model["name"]][1]
     return sam2_predictor(
-        model["name"], attrs["image_size"], weights.get("random_seed"), checkpoint
+        model["name"], attrs["decoding"]["image_size"], weights.get("random_seed"), checkpoint
     )
 
 

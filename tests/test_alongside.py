@@ -29,6 +29,8 @@ from conftest import (
 )
 from oracle import assert_tracked_as_sam2, oracle_tracking
 
+from segpipe.settings import from_options
+
 LAST = 5  # the small clip's last chunk: 24 frames in chunks of 4
 
 
@@ -41,7 +43,12 @@ def staged_run(small, store, video=None, **options):
     import segpipe as api
 
     video = small / "clip.mp4" if video is None else video
-    api.decode(video, store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
+    api.decode(
+        video,
+        store,
+        decoding=api.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
     run_in_process(small, store, video, **options)
     return store
 
@@ -91,7 +98,7 @@ def test_the_tracking_starts_while_the_video_decodes(small, staged, tmp_path, ke
     assert zarr.open_group(str(store), mode="r").attrs["frame_count"] == 24
     # (under --keep masks, no frames or features kept, nor their ledgers)
     skip = ("frames", "features", "ledger/") if keep == "masks" else ()
-    assert_same_store(staged, store, skip=skip, skip_attrs=("keep",))
+    assert_same_store(staged, store, skip=skip, skip_attrs=("output",))
     assert export_files(store) == export_files(staged)
     assert_tracked_as_sam2(store, oracle_tracking(staged, small / "prompts.json"))
 
@@ -204,8 +211,13 @@ def test_a_container_counting_fewer_frames_than_it_holds(tmp_path, claimed):
     prompts = make_sample.write_prompts(tmp_path, masks, frames=(5, 8, 11))
     (tmp_path / "staged").mkdir()  # (each store in a folder of its own, as they compare)
     reference = tmp_path / "staged" / "run.zarr"
-    api.decode(video, reference, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
-    api.run(video, reference, prompts, **SETTINGS)
+    api.decode(
+        video,
+        reference,
+        decoding=api.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
+    api.run(video, reference, prompts, **from_options(SETTINGS))
     assert zarr.open_group(str(reference), mode="r").attrs["frame_count"] == 24
     (tmp_path / "alongside").mkdir()
     store = tmp_path / "alongside" / "run.zarr"
@@ -238,12 +250,17 @@ def test_a_prompt_past_the_frames_a_container_counts(tmp_path, monkeypatch):
     assert list((tmp_path / "refused").iterdir()) == []
     (tmp_path / "staged").mkdir()  # (each store in a folder of its own, as they compare)
     reference = tmp_path / "staged" / "run.zarr"
-    api.decode(video, reference, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
-    api.run(video, reference, prompts, **SETTINGS)
+    api.decode(
+        video,
+        reference,
+        decoding=api.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
+    api.run(video, reference, prompts, **from_options(SETTINGS))
     (tmp_path / "alongside").mkdir()
     store = tmp_path / "alongside" / "run.zarr"
     monkeypatch.setattr(runner, "check_prompts", lambda *args, **kwargs: None)
-    api.run(video, store, prompts, **SETTINGS)
+    api.run(video, store, prompts, **from_options(SETTINGS))
     assert_same_store(reference, store)
     assert export_files(store) == export_files(reference)
 
@@ -253,11 +270,12 @@ def test_a_prompt_past_the_frames_a_container_counts(tmp_path, monkeypatch):
     text = prompts.read_text().replace('"frame": 23', '"frame": 30')
     prompts.write_text(text)
     with pytest.raises(BadInput, match="frame 30 is out of range: the video has frames 0..23"):
-        api.run(video, beyond, prompts, **SETTINGS)
+        api.run(video, beyond, prompts, **from_options(SETTINGS))
     attrs = zarr.open_group(str(beyond), mode="r").attrs
     assert attrs["frame_count"] == 24 and "model" not in attrs and "track" not in attrs
 
 
+# settings by name (`segpipe.settings.from_options`)
 SETTINGS = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
 
 

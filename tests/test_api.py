@@ -45,11 +45,10 @@ def api_run(tmp_path_factory, clip_dir):
         clip_dir / "clip.mp4",
         root / "clip.zarr",
         objects,
-        chunk_size=6,
-        image_size=SIZE,
-        random_weights=0,
-        exports=["davis", "vis-json"],
-        progress=False,
+        decoding=segpipe.Decoding(chunk_size=6, image_size=SIZE),
+        encoding=segpipe.Encoding(random_weights=0),
+        output=segpipe.Output(exports=["davis", "vis-json"]),
+        execution=segpipe.Execution(progress=False),
     )
     return run
 
@@ -104,8 +103,8 @@ def test_prompts_as_dicts_and_a_new_track(api_run, tmp_path):
             {"object": 5, "frame": 30, "mask": mask},
             {"object": 6, "frame": 30, "points": np.array([[20.0, 30.0]]), "labels": np.array([1])},
         ],
-        direction="forward",
-        progress=False,
+        tracking=segpipe.Tracking(direction="forward"),
+        execution=segpipe.Execution(progress=False),
     )
     assert run.object_ids == [5, 6] and kept.object_ids == [5, 6]
     assert np.array_equal(kept.mask(31, 6), run.mask(31, 6))
@@ -120,7 +119,10 @@ def test_prompts_as_dicts_and_a_new_track(api_run, tmp_path):
 
 def test_progress_false_prints_nothing(clip_dir, tmp_path, capfd):
     segpipe.decode(
-        clip_dir / "clip.mp4", tmp_path / "q.zarr", chunk_size=8, image_size=32, progress=False
+        clip_dir / "clip.mp4",
+        tmp_path / "q.zarr",
+        decoding=segpipe.Decoding(chunk_size=8, image_size=32),
+        execution=segpipe.Execution(progress=False),
     )
     captured = capfd.readouterr()
     assert captured.err == "" and captured.out == ""
@@ -138,19 +140,37 @@ def test_every_error_class(api_run, clip_dir, tmp_path):
         )
     )
     with pytest.raises(segpipe.BadInput, match="video not found"):
-        segpipe.decode(tmp_path / "nope.mp4", tmp_path / "a.zarr", progress=False)
+        segpipe.decode(
+            tmp_path / "nope.mp4", tmp_path / "a.zarr", execution=segpipe.Execution(progress=False)
+        )
     with pytest.raises(segpipe.BadInput, match="prompt #0"):  # frame 99 of 40
-        segpipe.track(api_run.path, [segpipe.Prompt(1, 99, box=[0, 0, 5, 5])], progress=False)
+        segpipe.track(
+            api_run.path,
+            [segpipe.Prompt(1, 99, box=[0, 0, 5, 5])],
+            execution=segpipe.Execution(progress=False),
+        )
     with pytest.raises(segpipe.BadInput, match="unknown object id 9"):
         api_run.masks(objects=[9])
     decoded = tmp_path / "d.zarr"
-    segpipe.decode(clip_dir / "clip.mp4", decoded, chunk_size=8, image_size=32, progress=False)
+    segpipe.decode(
+        clip_dir / "clip.mp4",
+        decoded,
+        decoding=segpipe.Decoding(chunk_size=8, image_size=32),
+        execution=segpipe.Execution(progress=False),
+    )
     with pytest.raises(segpipe.StoreNotReady, match="not encoded yet"):
-        segpipe.track(decoded, clip_dir / "prompts.json", progress=False)
+        segpipe.track(
+            decoded, clip_dir / "prompts.json", execution=segpipe.Execution(progress=False)
+        )
     with pytest.raises(segpipe.StoreNotReady, match="no tracking results"):
         segpipe.open(decoded).masks()
     with pytest.raises(segpipe.StoreMismatch, match="chunk_size"):
-        segpipe.decode(clip_dir / "clip.mp4", decoded, chunk_size=4, progress=False)
+        segpipe.decode(
+            clip_dir / "clip.mp4",
+            decoded,
+            decoding=segpipe.Decoding(chunk_size=4),
+            execution=segpipe.Execution(progress=False),
+        )
     damaged = shutil.copytree(api_run.path, tmp_path / "damaged.zarr")
     (damaged / "masks" / "c" / "2" / "0" / "0" / "0").unlink()
     with pytest.raises(segpipe.DamagedStore, match="'masks' chunk 2 is missing"):
@@ -170,7 +190,9 @@ def test_every_error_class(api_run, clip_dir, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(segpipe.StoreLocked, match=f"pid {holder.pid}"):
-            segpipe.decode(clip_dir / "clip.mp4", decoded, progress=False)
+            segpipe.decode(
+                clip_dir / "clip.mp4", decoded, execution=segpipe.Execution(progress=False)
+            )
     finally:
         holder.kill()
         holder.wait()
@@ -250,11 +272,10 @@ def test_reading_one_mask_reads_only_its_object_and_frames(tmp_path):
         tmp_path / "clip.mp4",
         store,
         tmp_path / "prompts.json",
-        chunk_size=8,
-        image_size=IMAGE_SIZE,
-        random_weights=0,
-        exports=[],
-        progress=False,
+        decoding=segpipe.Decoding(chunk_size=8, image_size=IMAGE_SIZE),
+        encoding=segpipe.Encoding(random_weights=0),
+        output=segpipe.Output(exports=[]),
+        execution=segpipe.Execution(progress=False),
     )
     run = segpipe.open(store)
     whole = zarr.open_group(str(store), mode="r")["masks"][...]

@@ -341,6 +341,7 @@ def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch)
 
     from segpipe import BadInput
     from segpipe.dask.client import connect, worker_threads
+    from segpipe.settings import Execution
 
     mine = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -363,7 +364,7 @@ def test_workers_run_one_task_at_a_time_at_the_clients_thread_count(monkeypatch)
             BadInput, match="runs 2 tasks at a time; segpipe needs one .dask worker --nthreads 1.$"
         ),
     ):
-        with connect(scheduler=two.scheduler_address, device="cpu", quiet=True):
+        with connect(Execution(scheduler=two.scheduler_address, device="cpu", progress=False)):
             pass
 
 
@@ -446,13 +447,10 @@ def test_dataset_on_a_scheduler_and_two_worker_processes(dataset, scheduler, tmp
     (root / "JPEGImages" / "cows" / "00010.jpg").write_bytes(b"not a jpeg")
     (root / "list.txt").write_text("bear\ncows\n")
     args = dict(
-        video_list_file=root / "list.txt",
-        random_weights=0,
-        image_size=IMAGE_SIZE,
-        chunk_size=4,
-        device="cpu",
-        progress=False,
-        scheduler=address,
+        vos=segpipe.VosInference(video_list_file=root / "list.txt"),
+        encoding=segpipe.Encoding(random_weights=0),
+        decoding=segpipe.Decoding(image_size=IMAGE_SIZE, chunk_size=4),
+        execution=segpipe.Execution(device="cpu", progress=False, scheduler=address),
     )
     out, work = tmp_path / "out", tmp_path / "work"
     results = segpipe.dataset(root / "JPEGImages", dataset / "Annotations", out, work, **args)
@@ -588,16 +586,24 @@ def test_resume_after_a_kill_between_the_feature_levels_on_two_workers(
     and only one task ever finds a level missing: the client sends a chunk alone until
     every level exists."""
     import segpipe as api
+    from segpipe.settings import Encoding, Execution
     from segpipe.stages.encode import encode
     from segpipe.store.features import LEVELS
     from segpipe.store.runstore import RunStore
 
     # decoded and encoded in this process, by what `segpipe decode` and `encode` call
     decoded = tmp_path / "decoded.zarr"
-    api.decode(small / "clip.mp4", decoded, chunk_size=8, image_size=IMAGE_SIZE, progress=False)
+    api.decode(
+        small / "clip.mp4",
+        decoded,
+        decoding=api.Decoding(chunk_size=8, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
     reference = tmp_path / "reference.zarr"  # 3 chunks, encoded in one process
     shutil.copytree(decoded, reference)
-    api.encode(reference, random_weights=0, progress=False)
+    api.encode(
+        reference, encoding=api.Encoding(random_weights=0), execution=api.Execution(progress=False)
+    )
 
     def killed_at(store: Path, where: str, name: str) -> None:
         real = getattr(RunStore, where)
@@ -610,7 +616,7 @@ def test_resume_after_a_kill_between_the_feature_levels_on_two_workers(
         with monkeypatch.context() as m:
             m.setattr(RunStore, where, cut)
             with pytest.raises(Killed):
-                encode(store, random_weights=0, quiet=True)
+                encode(store, Encoding(random_weights=0), Execution(progress=False))
 
     preload = tmp_path / "race_preload.py"
     preload.write_text(RACE_PRELOAD)
@@ -768,18 +774,18 @@ def test_dataset_on_two_workers_is_the_single_process_run(
     (tmp_path / "vos").symlink_to(dataset)
     monkeypatch.chdir(tmp_path)
     args = dict(
-        video_list_file="list.txt",
-        checkpoint="ckpt.pt",
-        image_size=IMAGE_SIZE,
-        chunk_size=4,
-        device="cpu",
-        progress=False,
+        vos=segpipe.VosInference(video_list_file="list.txt"),
+        encoding=segpipe.Encoding(checkpoint="ckpt.pt"),
+        decoding=segpipe.Decoding(image_size=IMAGE_SIZE, chunk_size=4),
     )
     runs = {}
-    for name, where in (("here", {}), ("dask", {"scheduler": cluster.scheduler.address})):
+    for name, where in (("here", None), ("dask", cluster.scheduler.address)):
         work = tmp_path / name
         out = work / "out"  # in the stores' folder: their records of it compare as the same
-        results = segpipe.dataset("vos/JPEGImages", "vos/Annotations", out, work, **args, **where)
+        execution = segpipe.Execution(device="cpu", progress=False, scheduler=where)
+        results = segpipe.dataset(
+            "vos/JPEGImages", "vos/Annotations", out, work, **args, execution=execution
+        )
         assert [(r.video, r.status) for r in results] == [("bear", "done"), ("cows", "done")]
         runs[name] = out, work
     (here, here_work), (there, there_work) = runs["here"], runs["dask"]
@@ -795,7 +801,12 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     import segpipe as api
 
     store = tmp_path / "clip.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
+    api.decode(
+        small / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
     (store / "frames" / "c" / "2" / "0" / "0" / "0").unlink()
     proc = segpipe(
         "encode", "--store", store, "--random-weights", 0, "--scheduler", cluster.scheduler.address
@@ -804,12 +815,15 @@ def test_a_user_error_in_a_task_is_one_line(small, cluster, tmp_path):
     assert ledger_count(store, "encode") < CHUNKS
     import dask
 
-    from segpipe import BadInput, encode
+    from segpipe import BadInput, Encoding, Execution, encode
 
+    seeded = Encoding(random_weights=0)
     with pytest.raises(BadInput, match="not both"):
-        encode(store, random_weights=0, workers=2, scheduler=cluster.scheduler.address)
+        both = Execution(workers=2, scheduler=cluster.scheduler.address)
+        encode(store, encoding=seeded, execution=both)
     with (
         dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
         pytest.raises(BadInput, match="cannot reach the Dask scheduler at tcp://"),
     ):
-        encode(store, random_weights=0, scheduler=f"tcp://127.0.0.1:{free_port()}")
+        away = Execution(scheduler=f"tcp://127.0.0.1:{free_port()}")
+        encode(store, encoding=seeded, execution=away)

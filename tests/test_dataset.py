@@ -415,12 +415,10 @@ def test_a_chunk_tracked_but_not_exported_is_exported_on_rerun(
 
     (tmp_path / "list.txt").write_text("bear\n")
     args = dict(
-        video_list_file=tmp_path / "list.txt",
-        random_weights=SEED,
-        image_size=IMAGE_SIZE,
-        chunk_size=CHUNK,
-        device="cpu",
-        progress=False,
+        vos=segpipe.VosInference(video_list_file=tmp_path / "list.txt"),
+        encoding=segpipe.Encoding(random_weights=SEED),
+        decoding=segpipe.Decoding(image_size=IMAGE_SIZE, chunk_size=CHUNK),
+        execution=segpipe.Execution(device="cpu", progress=False),
     )
     out, work = tmp_path / "out", tmp_path / "work"
     monkeypatch.setattr(ExportsAsTracked, "committed", crash_after_the_second_commit)

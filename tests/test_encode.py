@@ -15,6 +15,7 @@ from conftest import (
     wait_for,
 )
 
+from segpipe.settings import Encoding, Execution
 from segpipe.stages.encode import encode, preprocess
 from segpipe.store.features import LEVELS, from_storage
 
@@ -26,7 +27,12 @@ def decoded(tmp_path_factory, clip_dir):
     import segpipe as api
 
     store = tmp_path_factory.mktemp("enc") / "decoded.zarr"
-    api.decode(clip_dir / "clip.mp4", store, chunk_size=8, image_size=IMAGE_SIZE, progress=False)
+    api.decode(
+        clip_dir / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=8, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
     return store
 
 
@@ -74,10 +80,8 @@ def test_features_equal_sam2_forward_image(decoded, tmp_path, predictor, sam2_fe
     chunks = None if dtype == "float32" else [0, 1]
     encode(
         store,
-        random_weights=0,
-        embedding_dtype=dtype,
-        batch_size=3,
-        quiet=True,
+        Encoding(random_weights=0, embedding_dtype=dtype, batch_size=3),
+        Execution(progress=False),
         predictor=predictor,
         chunks=chunks,
     )
@@ -122,14 +126,16 @@ def test_kill_mid_encode_then_resume_is_identical(decoded, encoded, tmp_path, pr
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "encode") < 5
-    api.encode(store, random_weights=0, progress=False)  # the command's call, in this process
+    api.encode(
+        store, encoding=api.Encoding(random_weights=0), execution=api.Execution(progress=False)
+    )  # the command's call, in this process
     ga, gb = zarr.open_group(str(ref), mode="r"), zarr.open_group(str(store), mode="r")
     for name in LEVELS:
         assert np.array_equal(ga[name][...], gb[name][...]), name
 
     calls = EncoderCalls(predictor)
     before = tree_digest(store)
-    encode(store, random_weights=0, quiet=True, predictor=predictor)
+    encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
     calls.close()
     assert calls.count == 0 and tree_digest(store) == before
 
@@ -139,7 +145,7 @@ def encoded(decoded, tmp_path_factory, predictor):
     """`segpipe encode --random-weights 0` of the decoded store, uninterrupted (the stage
     function, in this process). Read-only."""
     store = copy_store(decoded, tmp_path_factory.mktemp("encoded") / "s.zarr")
-    encode(store, random_weights=0, quiet=True, predictor=predictor)
+    encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
     return store
 
 
@@ -200,13 +206,15 @@ def test_features_held_in_memory_track_as_features_read_back(small, tmp_path, dt
     from conftest import read_checked, run_in_process, same_values
 
     import segpipe as api
+    from segpipe.settings import from_options
 
     held = tmp_path / "held.zarr"
     run_in_process(small, held, embedding_dtype=dtype, exports=[])
     staged = tmp_path / "staged.zarr"
     options = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
-    api.run(small / "clip.mp4", staged, None, embedding_dtype=dtype, **options)  # encode all
-    api.track(staged, small / "prompts.json", progress=False)
+    options = from_options(dict(options, embedding_dtype=dtype))
+    api.run(small / "clip.mp4", staged, None, **options)  # encode all
+    api.track(staged, small / "prompts.json", execution=api.Execution(progress=False))
     for name in ("masks", "object_scores", "object_areas"):
         assert same_values(read_checked(held, name), read_checked(staged, name)), name
     unrounded = tmp_path / "float32.zarr"  # the premise: the rounding changes the scores

@@ -85,8 +85,15 @@ def test_the_environment_check_on_a_real_store(small, tmp_path):
     from segpipe.store.runstore import RunStore
 
     store = tmp_path / "s.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=64, progress=False)
-    api.encode(store, random_weights=0, progress=False)
+    api.decode(
+        small / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=4, image_size=64),
+        execution=api.Execution(progress=False),
+    )
+    api.encode(
+        store, encoding=api.Encoding(random_weights=0), execution=api.Execution(progress=False)
+    )
     here = environment.Work(environment.current("cpu"))
     opened = RunStore.open(store)
     assert opened.attrs["model"]["environment"] == here.env
@@ -136,11 +143,19 @@ def test_repair_and_the_studio_refuse_another_environment_before_writing(small, 
     from test_studio import fetch
 
     import segpipe as api
+    from segpipe.settings import Execution
     from segpipe.web.server import StudioServer
 
     store = tmp_path / "s.zarr"
-    api.decode(small / "clip.mp4", store, chunk_size=4, image_size=64, progress=False)
-    api.encode(store, random_weights=0, progress=False)
+    api.decode(
+        small / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=4, image_size=64),
+        execution=api.Execution(progress=False),
+    )
+    api.encode(
+        store, encoding=api.Encoding(random_weights=0), execution=api.Execution(progress=False)
+    )
     other_environment(store)
     (store / "features" / "level0" / "c" / "2" / "0" / "0" / "0").unlink()
     before = tree_digest(store)
@@ -160,7 +175,7 @@ def test_repair_and_the_studio_refuse_another_environment_before_writing(small, 
         assert tree_digest(store) == before
     finally:
         server.stop()
-    server = StudioServer(store, port=0, model={"allow_env_change": True}).start()
+    server = StudioServer(store, port=0, execution=Execution(allow_env_change=True)).start()
     try:
         assert fetch(server.url + "api/track", "POST", {})[0] == 202
     finally:

@@ -261,7 +261,12 @@ def encoding(tmp_path_factory):
     root = tmp_path_factory.mktemp("encoding")
     clip = write_clip(root / "clip", 8, prompt_frames=(2, 4, 6))
     store = root / "s.zarr"
-    api.decode(clip / "clip.mp4", store, chunk_size=1, image_size=256, progress=False)
+    api.decode(
+        clip / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=1, image_size=256),
+        execution=api.Execution(progress=False),
+    )
     proc = spawn(
         ["encode", "--store", store, "--random-weights", 0, "--quiet"],
         stdout=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ from conftest import (
 )
 from PIL import Image
 
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.export.stage import FORMATS, export
 from segpipe.stages.export.writers import compose, davis_palette
@@ -35,9 +35,20 @@ def pristine(tmp_path_factory, clip_dir, predictor):
 
     store = tmp_path_factory.mktemp("export") / "s.zarr"
     # decoded by `segpipe.decode` (what `segpipe decode` calls), all in this process
-    api.decode(clip_dir / "clip.mp4", store, chunk_size=2, image_size=IMAGE_SIZE, progress=False)
-    encode(store, random_weights=0, quiet=True, predictor=predictor)
-    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
+    api.decode(
+        clip_dir / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=2, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
+    encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
+    track(
+        store,
+        clip_dir / "prompts.json",
+        Tracking("both"),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     return store
 
 

@@ -17,7 +17,7 @@ from av.video.frame import PictureType
 from conftest import tree_digest
 
 from segpipe.errors import StoreMismatch
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Decoding, Encoding, Execution, Tracking
 from segpipe.sources.video import SEEK_BACKOFF_S
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
@@ -181,8 +181,8 @@ def tracked(clip, stores, tmp_path_factory):
     prompts = root / "prompts.json"
     box = make_sample.bbox(masks[8, 0])
     prompts.write_text(json.dumps({"prompts": [{"object": 1, "frame": 8, "box": box}]}))
-    encode(store, random_weights=0, quiet=True)
-    track(store, prompts, Tracking("both"), quiet=True)
+    encode(store, Encoding(random_weights=0), Execution(progress=False))
+    track(store, prompts, Tracking("both"), execution=Execution(progress=False))
     return store
 
 

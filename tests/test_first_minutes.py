@@ -228,11 +228,10 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
         video,
         store,
         prompts,
-        model="segpipe_tiny",
-        image_size=128,
-        chunk_size=8,
-        exports=[],
-        progress=False,
+        encoding=api.Encoding(model="segpipe_tiny"),
+        decoding=api.Decoding(image_size=128, chunk_size=8),
+        output=api.Output(exports=[]),
+        execution=api.Execution(progress=False),
     )
     again = segpipe("run", video, "--store", store, "--prompts", prompts, "--export", "none")
     assert again.returncode == 0, again.stderr
@@ -243,7 +242,9 @@ def test_a_stores_settings_are_the_defaults_of_later_commands(small, tmp_path):
     assert "already complete" in again.stderr
     seeded = tmp_path / "seeded.zarr"
     decode(video, seeded, Decoding(4, 128), quiet=True)
-    api.encode(seeded, random_weights=3, progress=False)
+    api.encode(
+        seeded, encoding=api.Encoding(random_weights=3), execution=api.Execution(progress=False)
+    )
     proc = segpipe("encode", "--store", seeded)
     assert proc.returncode == 0, proc.stderr
     assert "encode: the store's settings: --random-weights 3" in proc.stderr
@@ -518,7 +519,7 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
     tifffile.imwrite(tmp_path / "cells.tif", frames[..., 1])  # a grey stack, as microscopes save
 
     order = ["decode", "encode", "track", "export", "run", "studio", "frame", "dataset"]
-    order += ["repair", "status", "evaluate", None]
+    order += ["repair", "migrate", "status", "evaluate", None]
     from segpipe.cli import cli
 
     assert set(cli.commands) == set(order) - {None}  # every command's example is run

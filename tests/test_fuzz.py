@@ -178,7 +178,11 @@ def test_malformed_prompts_through_the_cli(tmp_path, sources):
     # decoded and encoded in this process (what `segpipe run` without prompts calls); the
     # refused commands run as commands
     api.run(
-        sources / "clip.mp4", store, chunk_size=8, image_size=64, random_weights=0, progress=False
+        sources / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=8, image_size=64),
+        encoding=api.Encoding(random_weights=0),
+        execution=api.Execution(progress=False),
     )
     before = tree_digest(store)
     for text in [

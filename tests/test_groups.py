@@ -27,7 +27,7 @@ from oracle import oracle_tracking, sam2_predictor
 from PIL import Image
 from test_track import assert_matches_oracle
 
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Decoding, Encoding, Execution, Tracking, from_options
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.groups import object_groups, split
@@ -54,7 +54,7 @@ def clip(tmp_path_factory, predictor):
     for C in (1, 4):
         store = root / f"c{C}.zarr"
         decode(root / "clip.mp4", store, Decoding(C, SIZE), quiet=True)
-        encode(store, random_weights=0, quiet=True, predictor=predictor)
+        encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
     return root
 
 
@@ -101,7 +101,13 @@ def test_groups_are_sam2s_predictor_bit_for_bit(
     stores = []
     for g in groups:
         store = shutil.copytree(clip / f"c{chunk_size}.zarr", tmp_path / f"g{g}.zarr")
-        track(store, prompts, Tracking(direction), quiet=True, predictor=predictor, groups=g)
+        track(
+            store,
+            prompts,
+            Tracking(direction),
+            execution=Execution(progress=False, groups=g),
+            predictor=predictor,
+        )
         assert_matches_oracle(store, oracle, direction, f"{objects} objects, {g} groups")
         stores.append(store)
     for store in stores[1:]:  # memory and ledgers too: a store's layout is the grouping's own
@@ -130,7 +136,12 @@ def test_non_overlap_runs_as_one_group_and_is_sam2s(clip, tmp_path):
     oracle = oracle_tracking(store, prompts, predictor=sam2)
     overlapping = oracle_tracking(store, prompts)  # SAM 2 without non-overlap
     assert (overlapping.masks["both"].sum(axis=1) > 1).any()  # it matters here
-    track(store, prompts, Tracking("both", non_overlap=True), quiet=True, groups=5)
+    track(
+        store,
+        prompts,
+        Tracking("both", non_overlap=True),
+        execution=Execution(progress=False, groups=5),
+    )
     assert_matches_oracle(store, oracle, "both", "non-overlap")
     assert (read_checked(store, "masks").sum(axis=1) <= 1).all()
     opened = RunStore.open(store)
@@ -140,7 +151,12 @@ def test_non_overlap_runs_as_one_group_and_is_sam2s(clip, tmp_path):
     before = shutil.copytree(store, tmp_path / "before.zarr")
     opened.ledger("track_forward/3").undo(2)  # one object lacks a chunk: all of them redo it
     assert object_groups(opened, "forward", forward, 5, settings["options"]) == [[0, 1, 2, 3, 4]]
-    track(store, prompts, Tracking("both", non_overlap=True), quiet=True, groups=5)
+    track(
+        store,
+        prompts,
+        Tracking("both", non_overlap=True),
+        execution=Execution(progress=False, groups=5),
+    )
     assert_same_store(before, store)
 
 
@@ -152,7 +168,12 @@ def test_objects_from_their_own_starts_in_groups(clip, predictor, tmp_path):
     stores = []
     for g in (1, 3):
         store = shutil.copytree(clip / "c4.zarr", tmp_path / f"g{g}.zarr")
-        track(store, prompts, Tracking("forward", object_start="own"), quiet=True, groups=g)
+        track(
+            store,
+            prompts,
+            Tracking("forward", object_start="own"),
+            execution=Execution(progress=False, groups=g),
+        )
         stores.append(store)
     assert_same_store(*stores)
     scores = read_checked(stores[1], "object_scores")
@@ -171,7 +192,8 @@ def test_run_in_groups_exports_each_chunk_once_every_group_has_it(clip, tmp_path
     for g in (1, 2):
         store = tmp_path / f"g{g}" / "s.zarr"
         settings = dict(chunk_size=4, image_size=SIZE, random_weights=0, progress=False)
-        api.run(clip / "clip.mp4", store, prompts, exports=["davis"], groups=g, **settings)
+        settings.update(exports=["davis"], groups=g)
+        api.run(clip / "clip.mp4", store, prompts, **from_options(settings))
         runs.append(store)
     assert_same_store(*runs, skip_attrs=("exports",))
     a, b = (tree_digest(r.with_name("s.export")) for r in runs)
@@ -186,7 +208,13 @@ def test_repair_finds_damage_in_a_chunk_only_some_objects_have_done(clip, predic
 
     prompts = many_prompts(tmp_path, 4, (1,))
     whole = shutil.copytree(clip / "c4.zarr", tmp_path / "whole.zarr")
-    track(whole, prompts, Tracking("forward"), quiet=True, predictor=predictor, groups=2)
+    track(
+        whole,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False, groups=2),
+        predictor=predictor,
+    )
     store = shutil.copytree(whole, tmp_path / "damaged.zarr")
     opened = RunStore.open(store)
     opened.ledger("track_forward/3").undo(2)  # chunk 2: done for objects 0..2 only
@@ -198,7 +226,7 @@ def test_repair_finds_damage_in_a_chunk_only_some_objects_have_done(clip, predic
     scores = store / "object_scores" / "c" / "2" / "1"  # object 1's scores of chunk 2
     scores.unlink()
     shutil.rmtree(store / "memory" / "forward" / "2" / "recent_score")  # a whole array
-    found = api.repair(store, progress=False)
+    found = api.repair(store, execution=api.Execution(progress=False))
     assert {(d.array, d.chunk, d.slot) for d in found} == {
         ("memory/forward/0/recent_maskmem", 2, None),
         ("object_scores", 2, 1),
@@ -214,7 +242,13 @@ def test_a_group_resumes_from_its_own_objects_ledgers(clip, predictor, tmp_path)
     record an object had: the store is the uninterrupted run's."""
     prompts = many_prompts(tmp_path, 5, (1, 6))
     whole = shutil.copytree(clip / "c4.zarr", tmp_path / "whole.zarr")
-    track(whole, prompts, Tracking("forward"), quiet=True, predictor=predictor, groups=1)
+    track(
+        whole,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False, groups=1),
+        predictor=predictor,
+    )
     store = shutil.copytree(whole, tmp_path / "cut.zarr")
     opened = RunStore.open(store)
     for slot, chunks in ((1, [2]), (2, [1, 2]), (3, [2])):  # records lost, data left
@@ -224,7 +258,13 @@ def test_a_group_resumes_from_its_own_objects_ledgers(clip, predictor, tmp_path)
     assert object_groups(opened, "forward", [0, 1, 2], 2, options) == [[1], [2], [3]]
     assert object_groups(opened, "forward", [0, 1, 2], 1, options) == [[1], [2], [3]]
     kept = {s: ledger_records(store, f"track_forward/{s}") for s in range(5)}
-    track(store, prompts, Tracking("forward"), quiet=True, predictor=predictor, groups=2)
+    track(
+        store,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False, groups=2),
+        predictor=predictor,
+    )
     assert_same_store(whole, store)
     for s, records in kept.items():
         now = ledger_records(store, f"track_forward/{s}")
@@ -256,7 +296,13 @@ def test_a_frames_object_independent_steps_run_once_for_all_its_objects(clip, pr
     store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
     steps = PerFrame.of(predictor).steps
     before = {name: step.computed for name, step in steps.items()}
-    track(store, prompts, Tracking("forward"), quiet=True, predictor=predictor)
+    track(
+        store,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     assert_matches_oracle(store, oracle, "forward", "shared steps")
     ran = {name: step.computed - before[name] for name, step in steps.items()}
     tracked = T - 4 - 1  # frames 5..11, after the prompted frame 4
@@ -311,7 +357,11 @@ def test_object_batch_stacks_objects_through_sam2s_step(clip, predictor, tmp_pat
         for C in (1, 4):
             store = shutil.copytree(clip / f"c{C}.zarr", tmp_path / f"b{C}.zarr")
             track(
-                store, prompts, Tracking("forward", object_batch=4), quiet=True, predictor=predictor
+                store,
+                prompts,
+                Tracking("forward", object_batch=4),
+                execution=Execution(progress=False),
+                predictor=predictor,
             )
             stores.append(store)
     finally:
@@ -336,13 +386,29 @@ def test_object_batch_stacks_objects_through_sam2s_step(clip, predictor, tmp_pat
     opened.ledger("track_forward/3").undo(2)  # one object lacks a chunk: all of them redo it
     assert object_groups(opened, "forward", [1, 2], 5, options) == [[0, 1, 2, 3, 4]]
     track(
-        store, prompts, Tracking("forward"), quiet=True, predictor=predictor, groups=3
+        store,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False, groups=3),
+        predictor=predictor,
     )  # the store's
     assert_same_store(before, store)
     with pytest.raises(BadInput, match="^--object-batch must be a positive integer, got 0$"):
-        track(store, prompts, Tracking("forward", object_batch=0), quiet=True, predictor=predictor)
+        track(
+            store,
+            prompts,
+            Tracking("forward", object_batch=0),
+            execution=Execution(progress=False),
+            predictor=predictor,
+        )
     assert_same_store(before, store)
-    track(store, prompts, Tracking("forward", object_batch=1), quiet=True, predictor=predictor)
+    track(
+        store,
+        prompts,
+        Tracking("forward", object_batch=1),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     assert "object_batch" not in RunStore.open(store).attrs["track"]["options"]
     assert_matches_oracle(store, oracle, "forward", "object batch 1")
 
@@ -365,7 +431,13 @@ def test_object_batches_hold_only_objects_whose_memories_sam2_reads_alike(
     predictor._run_single_frame_inference = counted
     try:
         store = shutil.copytree(clip / "c4.zarr", tmp_path / "s.zarr")
-        track(store, prompts, Tracking("forward", object_batch=4), quiet=True, predictor=predictor)
+        track(
+            store,
+            prompts,
+            Tracking("forward", object_batch=4),
+            execution=Execution(progress=False),
+            predictor=predictor,
+        )
     finally:
         del predictor._run_single_frame_inference
     assert [n for _, n in steps[:5]] == [1] * 5  # SAM 2's own calls for the prompts

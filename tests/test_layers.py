@@ -39,6 +39,7 @@ LAYERS = {
     "store": [
         "segpipe.store.lock",
         "segpipe.store.ledger",
+        "segpipe.store.migrate",
         "segpipe.store.runstore",
         "segpipe.store",
         "segpipe.store.layout",

@@ -15,7 +15,7 @@ from oracle import oracle_tracking, same_bits
 
 import segpipe as api
 from segpipe.model import Weights, build_model
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 
@@ -39,7 +39,12 @@ def predictor():
 @pytest.fixture(scope="module")
 def oracle(clip, predictor, tmp_path_factory):
     store = tmp_path_factory.mktemp("bf16o") / "o.zarr"
-    api.decode(clip / "clip.mp4", store, image_size=SIZE, progress=False)
+    api.decode(
+        clip / "clip.mp4",
+        store,
+        decoding=api.Decoding(image_size=SIZE),
+        execution=api.Execution(progress=False),
+    )
     result = oracle_tracking(store, clip / "prompts.json", precision="bfloat16")
     plain = oracle_tracking(store, clip / "prompts.json")
     # the premise: bfloat16 autocast really changes SAM 2's results
@@ -51,14 +56,17 @@ def encoded(clip, predictor, root, chunk_size, embedding_dtype):
     """The clip decoded (`segpipe.decode`, what `segpipe decode` calls) and encoded under
     bfloat16, in this process."""
     store = root / f"c{chunk_size}_{embedding_dtype}.zarr"
-    api.decode(clip / "clip.mp4", store, image_size=SIZE, chunk_size=chunk_size, progress=False)
+    api.decode(
+        clip / "clip.mp4",
+        store,
+        decoding=api.Decoding(image_size=SIZE, chunk_size=chunk_size),
+        execution=api.Execution(progress=False),
+    )
     encode(
         store,
-        random_weights=0,
-        quiet=True,
+        Encoding(random_weights=0, embedding_dtype=embedding_dtype, precision="bfloat16"),
+        Execution(progress=False),
         predictor=predictor,
-        embedding_dtype=embedding_dtype,
-        precision="bfloat16",
     )
     return store
 
@@ -87,7 +95,13 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
     ]
     for direction in ("forward", "reverse"):
         copy = shutil.copytree(store, tmp_path / f"{direction}.zarr")
-        track(copy, clip / "prompts.json", Tracking(direction), quiet=True, predictor=predictor)
+        track(
+            copy,
+            clip / "prompts.json",
+            Tracking(direction),
+            execution=Execution(progress=False),
+            predictor=predictor,
+        )
         got = zarr.open_group(str(copy), mode="r")
         assert oracle.masks[direction].any()
         assert np.array_equal(got["masks"][...], oracle.masks[direction]), direction
@@ -99,7 +113,7 @@ def test_bfloat16_tracking_is_bit_identical_to_sam2_under_autocast(
         features = zarr.open_group(str(copy), mode="r")["features/level0"][...]
         (copy / "features" / "level0" / "c" / "0" / "0" / "0" / "0").unlink()
         (copy / "masks" / "c" / "1" / "0" / "0" / "0").unlink()
-        api.repair(copy, progress=False)  # what `segpipe repair` calls
+        api.repair(copy, execution=api.Execution(progress=False))  # what `segpipe repair` calls
         got = zarr.open_group(str(copy), mode="r")
         assert np.array_equal(got["features/level0"][...], features)
         assert np.array_equal(got["masks"][...], oracle.masks["forward"])

@@ -22,8 +22,12 @@ from conftest import (
     wait_for,
 )
 
+from segpipe.settings import Decoding, Execution
+
 ARGS = ("--chunk-size", 8, "--image-size", 64)
-OPTIONS = dict(chunk_size=8, image_size=64, progress=False)  # ARGS, as the API takes them
+OPTIONS = dict(  # ARGS, as the API takes them
+    decoding=Decoding(chunk_size=8, image_size=64), execution=Execution(progress=False)
+)
 FRAMES = 360
 CHUNKS = FRAMES // 8
 

@@ -173,13 +173,19 @@ def test_kill_9_during_a_keep_masks_run_then_rerun(small, keep_all, tmp_path):
 def retrack(store: Path, prompts: Path, direction: str) -> int:
     """`track` in this process with new prompts; the frames the image encoder saw."""
     from segpipe.model import Weights, build_model
-    from segpipe.settings import Tracking
+    from segpipe.settings import Execution, Tracking
     from segpipe.stages.track.stage import track
 
     predictor = build_model("sam2.1_hiera_t", IMAGE_SIZE, Weights(random_seed=0))
     calls = EncoderCalls(predictor)
     try:
-        track(store, prompts, Tracking(direction), quiet=True, predictor=predictor)
+        track(
+            store,
+            prompts,
+            Tracking(direction),
+            execution=Execution(progress=False),
+            predictor=predictor,
+        )
     finally:
         calls.close()
     return calls.count
@@ -195,12 +201,11 @@ def assert_same_as_fresh(small: Path, store: Path, prompts: Path, direction: str
         small / "clip.mp4",
         fresh,
         prompts,
-        direction=direction,
-        chunk_size=4,
-        image_size=IMAGE_SIZE,
-        random_weights=0,
-        exports=[],
-        progress=False,
+        tracking=api.Tracking(direction=direction),
+        decoding=api.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        encoding=api.Encoding(random_weights=0),
+        output=api.Output(exports=[]),
+        execution=api.Execution(progress=False),
     )
     for name in ("masks", "object_scores", "tracked"):
         assert same_values(read_checked(store, name), read_checked(fresh, name)), name

@@ -170,11 +170,9 @@ def test_other_weights_for_the_shipped_config_still_need_their_checkpoint(tracke
     api.run(
         root / "clip.mp4",
         store,
-        model="segpipe_tiny",
-        checkpoint=str(other),
-        image_size=SIZE,
-        chunk_size=CHUNK,
-        progress=False,
+        encoding=api.Encoding(model="segpipe_tiny", checkpoint=str(other)),
+        decoding=api.Decoding(image_size=SIZE, chunk_size=CHUNK),
+        execution=api.Execution(progress=False),
     )
     proc = segpipe("track", "--store", store, "--prompts", root / "prompts.json", "--quiet")
     assert_user_error(proc, "--checkpoint")

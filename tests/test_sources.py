@@ -14,7 +14,7 @@ from conftest import IMAGE_SIZE, assert_user_error, segpipe
 from oracle import oracle_tracking, same_bits
 from PIL import Image
 
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 
 S = 64
 
@@ -219,8 +219,8 @@ def overlay_store(tmp_path_factory):
     make_sample.write_prompts(root, masks, frames=(1, 2, 3))
     store = root / "s.zarr"
     segpipe("decode", video, "--store", store, "--image-size", S, "--chunk-size", 4, check=True)
-    encode_stage(store, random_weights=0, quiet=True)
-    track(store, root / "prompts.json", quiet=True)
+    encode_stage(store, Encoding(random_weights=0), Execution(progress=False))
+    track(store, root / "prompts.json", execution=Execution(progress=False))
     return store, video, times
 
 
@@ -340,8 +340,12 @@ def test_a_mid_stream_size_change_decodes_and_overlays(tmp_path):
     from segpipe.stages.encode import encode as encode_stage
     from segpipe.stages.track.stage import track
 
-    encode_stage(store, random_weights=0, quiet=True)
-    track(store, [{"object": 1, "frame": 1, "box": [10, 10, 40, 30]}], quiet=True)
+    encode_stage(store, Encoding(random_weights=0), Execution(progress=False))
+    track(
+        store,
+        [{"object": 1, "frame": 1, "box": [10, 10, 40, 30]}],
+        execution=Execution(progress=False),
+    )
     out = tmp_path / "o.mp4"
     segpipe("export", "--store", store, "--format", "overlay", "--out", out, check=True)
     assert [f.shape for f in coded_frames(out)] == [(64, 96, 3)] * 12
@@ -377,7 +381,7 @@ def folder_oracle(jpeg_folder):
     def get(store):
         attrs = stored(store).attrs
         key = json.dumps(
-            [attrs["model"], attrs["image_size"], attrs["frame_count"], attrs["video"]],
+            [attrs["model"], attrs["decoding"], attrs["frame_count"], attrs["video"]],
             sort_keys=True,
         )
         if key not in cache:
@@ -423,7 +427,13 @@ def test_a_jpeg_folder_tracks_bit_identically_to_sam2(
     for direction in ("forward", "reverse"):
         if direction == "reverse" or chunk_size == 3:
             track_store = shutil.copytree(store, tmp_path / f"{direction}.zarr")
-            track(track_store, None, Tracking(direction), quiet=True, predictor=predictor)
+            track(
+                track_store,
+                None,
+                Tracking(direction),
+                execution=Execution(progress=False),
+                predictor=predictor,
+            )
             got = stored(track_store)
             assert np.array_equal(got["masks"][...], expected.masks[direction]), direction
             assert same_bits(got["object_scores"][...], expected.scores[direction]), direction

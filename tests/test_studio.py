@@ -50,8 +50,17 @@ def made(small, tmp_path_factory) -> Path:
     import segpipe
 
     store = tmp_path_factory.mktemp("studio") / "clip.zarr"
-    segpipe.decode(small / "clip.mp4", store, chunk_size=4, image_size=128, progress=False)
-    segpipe.encode(store, model="segpipe_tiny", progress=False)
+    segpipe.decode(
+        small / "clip.mp4",
+        store,
+        decoding=segpipe.Decoding(chunk_size=4, image_size=128),
+        execution=segpipe.Execution(progress=False),
+    )
+    segpipe.encode(
+        store,
+        encoding=segpipe.Encoding(model="segpipe_tiny"),
+        execution=segpipe.Execution(progress=False),
+    )
     return store
 
 
@@ -611,7 +620,7 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
     first job (the store is `segpipe decode`'s), the preview encodes its frame alone (one
     encoder call, nothing written), Track encodes the chunks as it tracks them; the store is
     then `segpipe encode --model segpipe_tiny` and `segpipe track` on the decoded store."""
-    from segpipe.settings import Decoding
+    from segpipe.settings import Decoding, Encoding
     from segpipe.web.server import StudioServer
 
     store = tmp_path / "clip.zarr"
@@ -619,7 +628,8 @@ def test_a_store_not_yet_encoded_previews_and_tracks_as_encode_then_track(small,
     here("decode", small / "clip.mp4", "--store", before, "--chunk-size", 4, "--image-size", 128)
     entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
     source = (small / "clip.mp4", Decoding(chunk_size=4, image_size=128))
-    server = StudioServer(store, port=0, model=dict(model="segpipe_tiny"), source=source).start()
+    tiny = Encoding(model="segpipe_tiny")
+    server = StudioServer(store, port=0, encoding=tiny, source=source).start()
     try:
         url = server.url
         deadline = time.monotonic() + 60
@@ -875,7 +885,7 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
     from segpipe.web.server import StudioServer
 
     entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
-    segpipe.track(store, entries, progress=False)
+    segpipe.track(store, entries, execution=segpipe.Execution(progress=False))
     with zarr.config.set({"array.write_empty_chunks": True}):
         group = zarr.open_group(str(store), mode="r+")
         s, a = group["object_scores"][...], np.full(group["object_areas"].shape, 500)

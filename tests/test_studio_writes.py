@@ -27,8 +27,17 @@ def made(small, tmp_path_factory) -> Path:
     import segpipe
 
     store = tmp_path_factory.mktemp("writes") / "clip.zarr"
-    segpipe.decode(small / "clip.mp4", store, chunk_size=4, image_size=IMAGE_SIZE, progress=False)
-    segpipe.encode(store, random_weights=0, progress=False)
+    segpipe.decode(
+        small / "clip.mp4",
+        store,
+        decoding=segpipe.Decoding(chunk_size=4, image_size=IMAGE_SIZE),
+        execution=segpipe.Execution(progress=False),
+    )
+    segpipe.encode(
+        store,
+        encoding=segpipe.Encoding(random_weights=0),
+        execution=segpipe.Execution(progress=False),
+    )
     return store
 
 

@@ -29,7 +29,7 @@ from conftest import (
 )
 from oracle import oracle_tracking, same_bits
 
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Decoding, Encoding, Execution, Tracking
 from segpipe.stages.decode import decode
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
@@ -48,7 +48,7 @@ def stores(tmp_path_factory, clip_dir, predictor):
     for C in CHUNK_SIZES:
         store = root / f"c{C}.zarr"
         decode(clip_dir / "clip.mp4", store, Decoding(C, IMAGE_SIZE), quiet=True)
-        encode(store, random_weights=0, quiet=True, predictor=predictor)
+        encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
         out[C] = store
     return out
 
@@ -76,7 +76,13 @@ def tracked7(stores, clip_dir, predictor, tmp_path_factory):
     """The chunk-size-7 store tracked in both directions with the clip's prompts, in one
     band of rows. Read-only: copy it before tracking or exporting in it."""
     store = copy_of(stores, 7, tmp_path_factory.mktemp("tracked7"))
-    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
+    track(
+        store,
+        clip_dir / "prompts.json",
+        Tracking("both"),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     return store
 
 
@@ -126,7 +132,13 @@ def test_masks_bit_identical_to_sam2(
     stores, oracle, clip_dir, predictor, chunk_size, direction, tmp_path
 ):
     store = copy_of(stores, chunk_size, tmp_path)
-    track(store, clip_dir / "prompts.json", Tracking(direction), quiet=True, predictor=predictor)
+    track(
+        store,
+        clip_dir / "prompts.json",
+        Tracking(direction),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     assert_matches_oracle(store, oracle, direction, chunk_size)
     assert read_checked(store, "masks").shape == (T, 3, 120, 160)
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [1, 2, 3]
@@ -175,7 +187,7 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
         store,
         clip_dir / "prompts.json",
         Tracking(direction, frames=f"{lo}:{hi}"),
-        quiet=True,
+        execution=Execution(progress=False),
         predictor=predictor,
     )
     want = oracle_tracking(
@@ -190,10 +202,16 @@ def test_a_tracking_window_is_sam2s_start_frame_and_frame_count(
     assert RunStore.open(store).attrs["track"]["frames"] == [lo, hi]
     # a second track without --frames resumes the same window: nothing to do
     before = tree_digest(store)
-    track(store, None, quiet=True, predictor=predictor)
+    track(store, None, execution=Execution(progress=False), predictor=predictor)
     assert tree_digest(store) == before
     if direction == "both":  # and `--frames :` tracks the whole video again, as SAM 2 does
-        track(store, None, Tracking(frames=":"), quiet=True, predictor=predictor)
+        track(
+            store,
+            None,
+            Tracking(frames=":"),
+            execution=Execution(progress=False),
+            predictor=predictor,
+        )
         assert "frames" not in RunStore.open(store).attrs["track"]
         assert_matches_oracle(store, request.getfixturevalue("oracle"), "both", "whole")
 
@@ -212,7 +230,13 @@ def test_masks_in_bands_of_rows_are_the_same(
     assert RunStore.open(whole).array("masks").chunks == (7, 1, 120, 160)  # one band
     monkeypatch.setattr(maskio, "MASK_CHUNK_BYTES", 7 * 160 * 50)
     store = copy_of(stores, 7, tmp_path)
-    track(store, clip_dir / "prompts.json", Tracking("both"), quiet=True, predictor=predictor)
+    track(
+        store,
+        clip_dir / "prompts.json",
+        Tracking("both"),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     assert RunStore.open(store).array("masks").chunks == (7, 1, 50, 160)
     assert_matches_oracle(store, oracle, "both", 7)
     assert chunk_files(store, ["masks"]) == {
@@ -245,7 +269,9 @@ def test_kill_mid_track_then_resume_matches_sam2(stores, oracle, clip_dir, tmp_p
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert ledger_count(store, "track_forward") < 11  # 31 forward frames in chunks of 3
-    track(store, None, quiet=True, predictor=predictor)  # the stored prompts and direction
+    track(
+        store, None, execution=Execution(progress=False), predictor=predictor
+    )  # the stored prompts and direction
     assert_matches_oracle(store, oracle, "both", "killed")
 
 
@@ -272,13 +298,15 @@ def test_reprompting_retracks_without_the_encoder(tracked7, clip_dir, tmp_path, 
         )
     )
     calls = EncoderCalls(predictor)
-    track(store, second, Tracking("both"), quiet=True, predictor=predictor)
+    track(store, second, Tracking("both"), execution=Execution(progress=False), predictor=predictor)
     calls.close()
     assert calls.count == 0
     assert RunStore.open(store).array("masks").attrs["object_ids"] == [7, 1]
     assert_matches_oracle(store, oracle_tracking(store, second), "both", "re-prompted")
     before = tree_digest(store)
-    track(store, second, quiet=True, predictor=predictor)  # finished: a no-op
+    track(
+        store, second, execution=Execution(progress=False), predictor=predictor
+    )  # finished: a no-op
     assert tree_digest(store) == before
 
 
@@ -332,7 +360,13 @@ def test_the_memory_cast_changes_nothing_where_sam2_does_not_crash(
     assert np.array_equal(plain.masks["forward"], cast.masks["forward"])
     assert same_bits(plain.scores["forward"], cast.scores["forward"])
     store = copy_of(stores, 7, tmp_path)
-    track(store, prompts, Tracking("forward"), quiet=True, predictor=predictor)
+    track(
+        store,
+        prompts,
+        Tracking("forward"),
+        execution=Execution(progress=False),
+        predictor=predictor,
+    )
     assert_matches_oracle(store, plain, "forward", "no crash")
 
 

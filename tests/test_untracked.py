@@ -10,7 +10,7 @@ import zarr
 from conftest import IMAGE_SIZE, assert_same_store, segpipe
 from PIL import Image
 
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 from segpipe.store.runstore import RunStore
@@ -26,8 +26,13 @@ def encoded(tmp_path_factory, clip_dir, predictor):
     import segpipe as api
 
     store = tmp_path_factory.mktemp("untracked") / "enc.zarr"
-    api.decode(clip_dir / "clip.mp4", store, chunk_size=C, image_size=IMAGE_SIZE, progress=False)
-    encode(store, random_weights=0, quiet=True, predictor=predictor)
+    api.decode(
+        clip_dir / "clip.mp4",
+        store,
+        decoding=api.Decoding(chunk_size=C, image_size=IMAGE_SIZE),
+        execution=api.Execution(progress=False),
+    )
+    encode(store, Encoding(random_weights=0), Execution(progress=False), predictor=predictor)
     return store
 
 
@@ -38,7 +43,11 @@ def tracked(encoded, clip_dir, predictor, tmp_path_factory):
     for direction in ("forward", "reverse", "both"):
         store = shutil.copytree(encoded, tmp_path_factory.mktemp(direction) / "s.zarr")
         track(
-            store, clip_dir / "prompts.json", Tracking(direction), quiet=True, predictor=predictor
+            store,
+            clip_dir / "prompts.json",
+            Tracking(direction),
+            execution=Execution(progress=False),
+            predictor=predictor,
         )
         out[direction] = store
     return out

@@ -25,6 +25,7 @@ from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_
 from segpipe.errors import BadInput, SegpipeError
 from segpipe.fsutil import resolved
 from segpipe.plan import Span, passes
+from segpipe.settings import Execution
 from segpipe.store.retention import keep_setting, refuse_on_dask
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -32,28 +33,16 @@ POLL = 0.25  # seconds between looks at the futures (and, while tracking, at the
 
 
 @contextmanager
-def connect(
-    workers: int | None = None,
-    scheduler: str | None = None,
-    device: str = "auto",
-    quiet: bool = False,
-    store=None,
-    paths=(),
-    allow_env_change: bool = False,
-):
-    """A `Cluster` for the command, or None without `workers` and `scheduler`. With `store`,
-    this process holds the store's lock for as long (taken here, or already held), and the
-    workers write under it. Workers that compute in different environments are refused
-    (`Cluster.check_bits`), unless `allow_env_change`."""
-    if workers is None and scheduler is None:
+def connect(execution: Execution, store=None, paths=()):
+    """A `Cluster` for the command, or None where `execution` (checked) names no `workers`
+    and no `scheduler`. With `store`, this process holds the store's lock for as long
+    (taken here, or already held), and the workers write under it. Workers that compute in
+    different environments are refused (`Cluster.check_bits`), unless
+    `execution.allow_env_change`."""
+    if not execution.on_dask:
         yield None
         return
-    if workers is not None and scheduler is not None:
-        raise BadInput("give --workers or --scheduler, not both")
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-    ):
-        raise BadInput(f"--workers must be a positive integer, got {workers!r}")
+    workers, scheduler, device = execution.workers, execution.scheduler, execution.device
     if importlib.util.find_spec("distributed") is None:
         raise BadInput("--workers and --scheduler need Dask: pip install 'segpipe[dask]'")
     if store is not None:
@@ -72,12 +61,12 @@ def connect(
         client = stack.enter_context(_client(workers, scheduler, threads))
         cluster = Cluster(client, threads, local=workers is not None, own=own)
         cluster.check(device, store, paths)
-        cluster.check_bits(allow_env_change)
+        cluster.check_bits(execution.allow_env_change)
         each = f", {log.count(threads, 'torch thread')} each" if cluster.device == "cpu" else ""
         log.info(
             f"dask: {cluster.size} workers ({cluster.device}{each}); "
             f"dashboard {_dashboard(client, workers)}",
-            quiet,
+            execution.quiet,
         )
         yield cluster
 
@@ -442,9 +431,8 @@ class Cluster:
         be to stay exact), after encoding the chunks they need that have no features. The
         client watches the passes' ledgers: a chunk every group of a pass has committed
         moves the bar and goes to `on_commit(direction, k)` (`run` exports it then)."""
-        from segpipe.stages.track.groups import object_groups, object_todo
+        from segpipe.stages.track.groups import object_groups
         from segpipe.stages.track.supply import ChunkSupply, pass_todo, prompt_reads
-        from segpipe.store.ledger import is_done_record, pass_stage
 
         refuse_on_dask(keep_setting(store), store.path)
         settings = store.attrs["track"]
@@ -467,57 +455,18 @@ class Cluster:
             for d in pending
             for g in object_groups(store, d, span.chunks(plan, d), groups, settings["options"])
         ]
-        frames = {d: {k: span.count_in(d, *plan.bounds(k)) for k in todo[d]} for d in pending}
-        seen = {d: set() for d in pending}
-        slots = range(len(settings["object_ids"]))
-
-        def record(d, s, k):  # one object's record of chunk k: one file read
-            return is_done_record(store.path / "ledger" / pass_stage(d) / str(s) / "c" / str(k))
-
-        # per pass and object, how far into the pass's chunks left it has committed: a group
-        # commits its chunks in the pass's order, so each look reads about one file an object
-        reached = {(d, s): 0 for d in pending for s in slots}
-        # A group's reverse pass waits while the forward pass has still to write, for its
-        # objects, a chunk it writes too (the start's, under `both`: see `tasks`)
-        forward = (
-            set(span.chunks(plan, "forward"))
-            if "forward" in passes(settings["direction"])
-            else set()
-        )
-        later = {
-            i: [k for k in object_todo(store, d, g, span.chunks(plan, d)) if k in forward]
-            for i, (d, g) in enumerate(units)
-            if d == "reverse"
-        }
+        watch = _PassWatch(store, span, todo, units, on_commit)
         path = str(resolved(store.path))
 
         def send(i):
             d, g = units[i]
             return self.submit(pass_task, path, d, g, work, key=f"track-{d}-{g[0]}-{g[-1]}")
 
-        def ready(i):
-            _, g = units[i]
-            return all(record("forward", s, k) for s in g for k in later[i])
-
-        with log.progress("track", sum(sum(f.values()) for f in frames.values()), quiet) as bar:
-            futures = [send(i) for i in range(len(units)) if not later.get(i)]
+        with log.progress("track", watch.frames(), quiet) as bar:
+            futures = [send(i) for i in range(len(units)) if not watch.later.get(i)]
 
             def look():
-                for d in pending:
-                    for s in slots:
-                        i = reached[d, s]
-                        while i < len(todo[d]) and record(d, s, todo[d][i]):
-                            i += 1
-                        reached[d, s] = i
-                    for k in todo[d][: min(reached[d, s] for s in slots)]:
-                        if k not in seen[d]:
-                            seen[d].add(k)
-                            bar.update(frames[d][k])
-                            if on_commit is not None:
-                                on_commit(d, k)
-                for i in [i for i, wait in later.items() if wait and ready(i)]:
-                    later[i] = []
-                    futures.append(send(i))
+                futures.extend(send(i) for i in watch.look(bar))
 
             self.wait(futures, poll=look)
 
@@ -561,13 +510,16 @@ class Cluster:
         from segpipe.vos.dataset import frame_count
 
         out.mkdir(parents=True, exist_ok=True)
-        self.check(options.device, paths=[out, work_dir])  # where the workers write
+        self.check(options.execution.device, paths=[out, work_dir])  # where the workers write
         layout = replace(
             layout,
             base_video_dir=resolved(layout.base_video_dir),
             input_mask_dir=resolved(layout.input_mask_dir),
         )
-        options = replace(options, checkpoint=absolute(options.checkpoint))
+        options = replace(
+            options,
+            encoding=replace(options.encoding, checkpoint=absolute(options.encoding.checkpoint)),
+        )
         with log.progress("dataset", total, quiet) as bar:
             futures = [
                 self.submit(
@@ -590,3 +542,65 @@ class Cluster:
 
             self.wait(futures, each=done)
         return [f.result() for f in futures]
+
+
+class _PassWatch:
+    """What the client sees of the passes' ledgers while their tasks run: the chunks every
+    group of a pass has committed (each moves the bar once and goes to `on_commit`), and
+    the reverse groups held back until the forward pass has written, for their objects, the
+    chunks they write too (the start's, under `both`: see `tasks`)."""
+
+    def __init__(self, store, span: Span, todo: dict, units: list, on_commit):
+        from segpipe.stages.track.groups import object_todo
+
+        settings, plan = store.attrs["track"], store.plan
+        self.store, self.todo, self.units, self.on_commit = store, todo, units, on_commit
+        self.slots = range(len(settings["object_ids"]))
+        self.counts = {d: {k: span.count_in(d, *plan.bounds(k)) for k in todo[d]} for d in todo}
+        self.seen = {d: set() for d in todo}
+        # per pass and object, how far into the pass's chunks left it has committed: a group
+        # commits its chunks in the pass's order, so each look reads about one file an object
+        self.reached = {(d, s): 0 for d in todo for s in self.slots}
+        forward = (
+            set(span.chunks(plan, "forward"))
+            if "forward" in passes(settings["direction"])
+            else set()
+        )
+        self.later = {
+            i: [k for k in object_todo(store, d, g, span.chunks(plan, d)) if k in forward]
+            for i, (d, g) in enumerate(units)
+            if d == "reverse"
+        }
+
+    def frames(self) -> int:
+        return sum(sum(f.values()) for f in self.counts.values())
+
+    def record(self, d: str, s: int, k: int) -> bool:
+        """Object slot s's record of chunk k of pass d: one file read."""
+        from segpipe.store.ledger import is_done_record, pass_stage
+
+        return is_done_record(self.store.path / "ledger" / pass_stage(d) / str(s) / "c" / str(k))
+
+    def look(self, bar) -> list[int]:
+        """Read the ledgers: the chunks newly committed by every group move `bar` and go to
+        `on_commit`; the units held back that may start now are returned."""
+        for d, todo in self.todo.items():
+            for s in self.slots:
+                i = self.reached[d, s]
+                while i < len(todo) and self.record(d, s, todo[i]):
+                    i += 1
+                self.reached[d, s] = i
+            for k in todo[: min(self.reached[d, s] for s in self.slots)]:
+                if k not in self.seen[d]:
+                    self.seen[d].add(k)
+                    bar.update(self.counts[d][k])
+                    if self.on_commit is not None:
+                        self.on_commit(d, k)
+        ready = [
+            i
+            for i, wait in self.later.items()
+            if wait and all(self.record("forward", s, k) for s in self.units[i][1] for k in wait)
+        ]
+        for i in ready:
+            self.later[i] = []
+        return ready

@@ -28,7 +28,8 @@ MADE_BY = {"frames": "decode", "features": "encode"}
 
 
 def keep_setting(store: RunStore) -> str:
-    return store.attrs.get("keep", "all")
+    """What the store keeps ("all" where nothing was said): its `output` record's."""
+    return (store.attrs.get("output") or {}).get("keep", "all")
 
 
 def check_keep(keep: str | None) -> None:
@@ -49,7 +50,7 @@ def refuse_on_dask(keep: str, store=None) -> None:
 def set_keep(store: RunStore, keep: str | None) -> None:
     check_keep(keep)
     if keep is not None and keep != keep_setting(store):
-        store.set_attrs(keep=keep)
+        store.set_attrs(output={"keep": keep})
 
 
 def dropped(store: RunStore, what: str):

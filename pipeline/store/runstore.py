@@ -32,11 +32,10 @@ from segpipe.fsutil import (
 from segpipe.plan import ChunkPlan
 from segpipe.store.ledger import PASS_STAGES, Ledger, PassLedger, pass_stage
 from segpipe.store.lock import check_lease
+from segpipe.store.migrate import FORMAT_NAME, SCHEMA_VERSION, STEPS
 
 # 1: earlier layouts (masks chunks, missing attrs); 2: one layout; 3: object_areas;
 # 4: tracking stored per object (memory, ledgers, scores, areas, tracked): object groups
-SCHEMA_VERSION = 4
-FORMAT_NAME = "segpipe"
 
 
 class LeasedFiles(LocalStore):
@@ -79,9 +78,12 @@ class RunStore:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, path, read_only: bool = False, lease: str | None = None) -> "RunStore":
+    def open(
+        cls, path, read_only: bool = False, lease: str | None = None, schema: int = SCHEMA_VERSION
+    ) -> "RunStore":
         """The store at `path`; `lease`: the token of the client's lock a Dask task writes
-        under (every write checks it)."""
+        under (every write checks it). A store of another `schema` than this segpipe's is
+        refused (in one line saying how to go on), unless `schema` names it (`migrate`)."""
         path = Path(path)
         if path.is_file():
             raise BadInput(f"store path {path} is a file, not a segpipe store directory")
@@ -99,11 +101,16 @@ class RunStore:
         if group.attrs.get("format") != FORMAT_NAME:
             raise BadInput(f"{path} is a zarr group but not a segpipe store")
         version = group.attrs.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version != schema:
+            how = (
+                f"`segpipe migrate --store {path}` converts it in place, keeping its frames, "
+                f"features, memory and masks"
+                if version in STEPS
+                else f"make a new store (a new --store, or delete {path}) and run the command again"
+            )
             raise BadInput(
-                f"store {path} has schema version {version}; this segpipe reads "
-                f"version {SCHEMA_VERSION}: make a new store (a new --store, or "
-                f"delete {path}) and run the command again"
+                f"store {path} has schema version {version}; this segpipe reads version "
+                f"{SCHEMA_VERSION}: {how}"
             )
         if not read_only and lease is None:  # the writer: what a killed removal left
             empty_trash(cls.trash_of(path))
@@ -131,7 +138,17 @@ class RunStore:
         T = self.frame_count
         if T is None:
             raise KeyError("frame_count")
-        return ChunkPlan(T, self.attrs["chunk_size"])
+        return ChunkPlan(T, self.chunk_size)
+
+    @property
+    def chunk_size(self) -> int:
+        """C, as decode recorded it (`settings.Decoding`, the store's `decoding` record)."""
+        return self.attrs["decoding"]["chunk_size"]
+
+    @property
+    def image_size(self) -> int:
+        """S, the model's input size, as decode recorded it."""
+        return self.attrs["decoding"]["image_size"]
 
     @property
     def frame_count(self) -> int | None:

@@ -24,8 +24,8 @@ def source_from(store: RunStore, video: Path, start: int):
         pts = store.read("pts", max(0, start - 2), start)
         if len(pts) < 2 or pts[0] < pts[1]:
             before = int(pts[-1])
-            S = store.attrs["image_size"]
-            if has(store, "frames", (start - 1) // store.attrs["chunk_size"]):
+            S = store.image_size
+            if has(store, "frames", (start - 1) // store.chunk_size):
                 stored = store.read("frames", start - 1, start)[0]
                 check = lambda picture: np.array_equal(model_input(picture, S), stored)  # noqa: E731
             else:  # the frames were dropped: their digests stay

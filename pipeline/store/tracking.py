@@ -162,7 +162,7 @@ def stored_track(store: RunStore) -> dict:
 def require_tracked(store: RunStore) -> dict:
     settings = stored_track(store)
     T = require_decoded(store)
-    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    plan = ChunkPlan(T, store.chunk_size)
     for d in passes(settings["direction"]):
         if store.pass_ledger(d).count() < len(Span.of(settings, T).chunks(plan, d)):
             raise StoreNotReady(

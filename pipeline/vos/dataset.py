@@ -12,36 +12,50 @@ of its own (an unreadable frame, a missing first mask) is reported and the other
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from segpipe import log
 from segpipe.errors import BadInput, SegpipeError
-from segpipe.model import DEFAULT_MODEL
-from segpipe.settings import Decoding, Tracking
+from segpipe.settings import Decoding, Encoding, Execution, Tracking
 from segpipe.stages.export.writers import make_folder
 from segpipe.vos.inputs import Layout, VideoInputs, read_inputs, video_names
 
 
-@dataclass
-class Options:
-    """The tool's options (same names and defaults) and segpipe's own."""
+@dataclass(frozen=True)
+class VosInference:
+    """SAM 2's tools/vos_inference.py's options, with its names and defaults: the videos
+    (`video_list_file`: one name a line; None: every folder), the mask threshold, every
+    mask as a prompt or only the first frame's, SA-V's per-object PNGs, its postprocessing,
+    objects that appear later tracked from their own first mask."""
 
+    video_list_file: str | None = None
     score_thresh: float = 0.0
     use_all_masks: bool = False
     per_obj_png_file: bool = False
     apply_postprocessing: bool = False
     track_object_appearing_later_in_video: bool = False
-    model: str = DEFAULT_MODEL
-    checkpoint: str | None = None
-    random_weights: int | None = None
-    image_size: int | None = None
-    chunk_size: int | None = None
-    device: str = "auto"
-    batch_size: int = 1
-    embedding_dtype: str = "float32"
-    precision: str | None = None
-    allow_env_change: bool = False  # go on in another compute environment (`environment`)
+
+    def tracking(self) -> Tracking:
+        """The tracking the tool does: forward, with its mask settings."""
+        return Tracking(
+            direction="forward",
+            postprocessing=self.apply_postprocessing,
+            non_overlap=not self.per_obj_png_file,
+            score_threshold=self.score_thresh,
+            object_start="own" if self.track_object_appearing_later_in_video else "earliest",
+        )
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every video's settings: the tool's, the decoding and encoding (the model filled in),
+    and where it runs (`execution`: its device and environment setting)."""
+
+    vos: VosInference = VosInference()
+    decoding: Decoding = Decoding()
+    encoding: Encoding = Encoding().filled()
+    execution: Execution = Execution()
 
 
 @dataclass
@@ -62,17 +76,15 @@ def run_dataset(
     input_mask_dir,
     output_mask_dir,
     work_dir,
-    video_list_file=None,
     options: Options = Options(),
     quiet: bool = False,
     cluster=None,
 ) -> list[VideoResult]:
     """Every video, one after the other; with `cluster` (`segpipe.dask.client`), side by side on
     Dask workers, one task per video (`segpipe.dask.tasks`)."""
-    layout = Layout(Path(base_video_dir), Path(input_mask_dir), options.per_obj_png_file)
-    names = video_names(
-        layout.base_video_dir, None if video_list_file is None else Path(video_list_file)
-    )
+    layout = Layout(Path(base_video_dir), Path(input_mask_dir), options.vos.per_obj_png_file)
+    listed = options.vos.video_list_file
+    names = video_names(layout.base_video_dir, None if listed is None else Path(listed))
     if not names:
         raise BadInput(f"no videos in {layout.base_video_dir}")
     output_mask_dir, work_dir = Path(output_mask_dir), Path(work_dir)
@@ -109,25 +121,26 @@ class VideoRunner:
 
     def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool):
         self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
+        self.execution = replace(options.execution, progress=not quiet)  # each stage's
 
     def model(self, image_size: int, device: str):
         """One predictor per image size (stores made earlier may have another)."""
         from segpipe.model import predictor_for, resolve_weights
 
-        o = self.options
+        e, vos = self.options.encoding, self.options.vos
         return predictor_for(
-            {"name": o.model, "image_size": image_size},
-            resolve_weights(o.model, o.checkpoint, o.random_weights),
+            {"name": e.model, "image_size": image_size},
+            resolve_weights(e.model, e.checkpoint, e.random_weights),
             device,
-            {"postprocessing": o.apply_postprocessing, "non_overlap": not o.per_obj_png_file},
+            {"postprocessing": vos.apply_postprocessing, "non_overlap": not vos.per_obj_png_file},
         )
 
     def run(self, layout: Layout, video: str) -> VideoResult:
         from segpipe.store.lock import store_lock
 
-        o = self.options
+        vos = self.options.vos
         inputs = read_inputs(
-            layout, video, o.use_all_masks, o.track_object_appearing_later_in_video
+            layout, video, vos.use_all_masks, vos.track_object_appearing_later_in_video
         )
         store = self.work / f"{video}.zarr"
         out = self.out / video
@@ -151,23 +164,9 @@ class VideoRunner:
         from segpipe.stages.encode import encode
 
         o = self.options
-        decoded = decode(
-            inputs.frames, store, Decoding(o.chunk_size, o.image_size), quiet=self.quiet
-        )
-        predictor = self.model(decoded.attrs["image_size"], pick_device(o.device))
-        encode(
-            store,
-            o.model,
-            o.checkpoint,
-            o.random_weights,
-            o.device,
-            o.batch_size,
-            o.embedding_dtype,
-            quiet=self.quiet,
-            predictor=predictor,
-            precision=o.precision,
-            allow_env_change=o.allow_env_change,
-        )
+        decoded = decode(inputs.frames, store, o.decoding, quiet=self.quiet)
+        predictor = self.model(decoded.image_size, pick_device(o.execution.device))
+        encode(store, o.encoding, self.execution, predictor=predictor)
         return predictor
 
     def _exports(self, store: Path, out: Path, inputs: VideoInputs):
@@ -184,7 +183,7 @@ class VideoRunner:
                     frames=f"{inputs.first_output}:",
                     name="vos",
                     palette=inputs.palette or davis_palette(),
-                    per_object=self.options.per_obj_png_file,
+                    per_object=self.options.vos.per_obj_png_file,
                 )
             ],
         )
@@ -194,23 +193,15 @@ class VideoRunner:
         from segpipe.stages.track.stage import track
 
         o = self.options
-        tracking = Tracking(
-            direction="forward",
-            postprocessing=o.apply_postprocessing,
-            non_overlap=not o.per_obj_png_file,
-            score_threshold=o.score_thresh,
-            object_start="own" if o.track_object_appearing_later_in_video else "earliest",
-        )
+        tracking = o.vos.tracking()
         track(
             store,
             inputs.prompts,
             tracking,
-            device=o.device,
-            checkpoint=o.checkpoint,
-            quiet=self.quiet,
+            o.encoding,
+            self.execution,
             predictor=predictor,
             on_commit=exporting.committed,
-            allow_env_change=o.allow_env_change,
         )
 
 

@@ -50,52 +50,55 @@ STATUS = {  # the first class an error is an instance of
 TOKEN_COOKIE = "segpipe_token"
 
 
-def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -> Starlette:
-    """The studio's web app over `studio`; with `token`, every request must carry it (the
-    `token` query parameter, which also sets a cookie, or that cookie). `stopping()` says the
-    server is shutting down: event streams end then."""
+class Endpoints:
+    """The studio's endpoints over `studio`, one method each (their docstrings are the
+    OpenAPI schema); `stopping()` says the server is shutting down: event streams end
+    then."""
 
-    async def page(request: Request):
+    def __init__(self, studio: Studio, stopping):
+        self.studio, self.stopping, self.routes = studio, stopping, []
+
+    async def page(self, request: Request):
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
-    async def info(request: Request):
+    async def info(self, request: Request):
         """
         summary: The video (frames, fps, size), the tracked objects, read-only or not
         """
-        return JSONResponse(await run_in_threadpool(studio.info))
+        return JSONResponse(await run_in_threadpool(self.studio.info))
 
-    async def frame(request: Request):
+    async def frame(self, request: Request):
         """
         summary: Frame n as a JPEG at the video's own size.
         """
-        data = await run_in_threadpool(studio.frame_jpeg, request.path_params["n"])
+        data = await run_in_threadpool(self.studio.frame_jpeg, request.path_params["n"])
         return Response(data, media_type="image/jpeg")
 
-    async def masks(request: Request):
+    async def masks(self, request: Request):
         """
         summary: Frame n's tracked masks, a PNG at the video's size
         description: 'Header X-Mask-Format: grey (under 255 objects: the grey value) or rgb
           (R + 256 G) = 1 + the object''s slot in tracked_objects, 0 for none.'
         """
-        data, kind = await run_in_threadpool(studio.masks_png, request.path_params["n"])
+        data, kind = await run_in_threadpool(self.studio.masks_png, request.path_params["n"])
         headers = {"Cache-Control": "no-store", "X-Mask-Format": kind}
         return Response(data, media_type="image/png", headers=headers)
 
-    async def scores(request: Request):
+    async def scores(self, request: Request):
         """
         summary: Every tracked object's score and mask area per frame (null where untracked)
         description: Also the frames a pass reached and, per object, where it may be lost
           ([frame, kind], kind absent, vanished or jump).
         """
-        return JSONResponse(await run_in_threadpool(studio.scores))
+        return JSONResponse(await run_in_threadpool(self.studio.scores))
 
-    async def get_prompts(request: Request):
+    async def get_prompts(self, request: Request):
         """
         summary: The page's prompts, as a prompts file (what Track tracks).
         """
-        return JSONResponse(studio.prompts_file())
+        return JSONResponse(self.studio.prompts_file())
 
-    async def put_prompts(request: Request):
+    async def put_prompts(self, request: Request):
         """
         summary: Replace the page's prompts (saved as the store's draft)
         description: 'Body: a prompts file, {"prompts": [entries]}, masks inline.'
@@ -103,10 +106,10 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         body = await _json(request)
         if not isinstance(body, dict) or "prompts" not in body:
             raise BadInput('the body must be {"prompts": [...]}')
-        await run_in_threadpool(studio.set_prompts, body["prompts"])
-        return JSONResponse(studio.prompts_file())
+        await run_in_threadpool(self.studio.set_prompts, body["prompts"])
+        return JSONResponse(self.studio.prompts_file())
 
-    async def preview(request: Request):
+    async def preview(self, request: Request):
         """
         summary: The preview mask of one object on one frame, from its prompts there
         description: 'Body {"frame": N, "object": ID}; a PNG, 255 = object, and the header
@@ -115,10 +118,12 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         body = await _json(request)
         if not isinstance(body, dict):
             raise BadInput('the body must be {"frame": N, "object": ID}')
-        data, score = await run_in_threadpool(studio.preview, body.get("frame"), body.get("object"))
+        data, score = await run_in_threadpool(
+            self.studio.preview, body.get("frame"), body.get("object")
+        )
         return Response(data, media_type="image/png", headers={"X-Object-Score": f"{score:.4f}"})
 
-    async def track(request: Request):
+    async def track(self, request: Request):
         """
         summary: Track the page's prompts in the background (as segpipe track --prompts)
         description: 'Body {"direction": "both" | "forward" | "reverse", "frames": [A, B]},
@@ -129,10 +134,10 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         body = await _json(request, empty={})
         if not isinstance(body, dict):
             raise BadInput('the body must be {"direction": ..., "frames": [A, B]} or empty')
-        await run_in_threadpool(studio.track, body.get("direction"), body.get("frames"))
-        return JSONResponse(studio.progress(), status_code=202)
+        await run_in_threadpool(self.studio.track, body.get("direction"), body.get("frames"))
+        return JSONResponse(self.studio.progress(), status_code=202)
 
-    async def export(request: Request):
+    async def export(self, request: Request):
         """
         summary: Export the tracked masks into the store's export folder, in the background
         description: 'Body {"format": NAME}, a registered format (as in /api/info formats).'
@@ -140,37 +145,37 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         body = await _json(request)
         if not isinstance(body, dict):
             raise BadInput('the body must be {"format": ...}')
-        await run_in_threadpool(studio.export, body.get("format"))
-        return JSONResponse(studio.progress(), status_code=202)
+        await run_in_threadpool(self.studio.export, body.get("format"))
+        return JSONResponse(self.studio.progress(), status_code=202)
 
-    async def cancel(request: Request):
+    async def cancel(self, request: Request):
         """
         summary: Stop the tracking or export as one Ctrl-C does (the chunk in flight finishes)
         """
         await _json(request, empty={})
-        studio.cancel()
-        return JSONResponse(studio.progress())
+        self.studio.cancel()
+        return JSONResponse(self.studio.progress())
 
-    async def progress(request: Request):
+    async def progress(self, request: Request):
         """
         summary: The job (kind, state, frames done and to do, rate, ETA, message).
         """
-        return JSONResponse(studio.progress())
+        return JSONResponse(self.studio.progress())
 
-    async def events(request: Request):
+    async def events(self, request: Request):
         """
         summary: Server-sent events, one `progress` snapshot each time something changes.
         """
 
-        studio.warm()  # a page has loaded: the preview's model can be built now
+        self.studio.warm()  # a page has loaded: the preview's model can be built now
 
         async def stream():
             last, synced = None, 0.0
-            while not stopping() and not await request.is_disconnected():
+            while not self.stopping() and not await request.is_disconnected():
                 if time.monotonic() - synced > 1:  # what another process did to the store
-                    await run_in_threadpool(studio.sync)
+                    await run_in_threadpool(self.studio.sync)
                     synced = time.monotonic()
-                now = await run_in_threadpool(studio.progress)
+                now = await run_in_threadpool(self.studio.progress)
                 if now != last:
                     yield f"data: {json.dumps(now)}\n\n"
                     last = now
@@ -178,49 +183,58 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    async def schema(request: Request):
-        return JSONResponse(SCHEMAS.get_schema(routes=app.routes))
+    async def schema(self, request: Request):
+        return JSONResponse(SCHEMAS.get_schema(routes=self.routes))
 
-    async def segpipe_error(request: Request, e: SegpipeError):
-        status = next((code for cls, code in STATUS.items() if isinstance(e, cls)), 400)
-        return JSONResponse({"error": e.message}, status_code=status)
 
-    async def os_error(request: Request, e: OSError):
-        """A full disk is 507, a read-only file system 409, a path this user may not use
-        403, in one line (`errors.os_error_line`); the store is as it was (writes are
-        atomic)."""
-        status = {errno.ENOSPC: 507, errno.EROFS: 409, errno.EACCES: 403, errno.EPERM: 403}
-        if e.errno not in status:
-            raise e
-        return JSONResponse({"error": os_error_line(e)}, status_code=status[e.errno])
+async def _segpipe_error(request: Request, e: SegpipeError):
+    status = next((code for cls, code in STATUS.items() if isinstance(e, cls)), 400)
+    return JSONResponse({"error": e.message}, status_code=status)
 
-    async def http_error(request: Request, e: HTTPException):
-        return JSONResponse({"error": f"{e.detail}: {request.url.path}"}, status_code=e.status_code)
 
-    routes = [
-        Route("/", page),
+async def _os_error(request: Request, e: OSError):
+    """A full disk is 507, a read-only file system 409, a path this user may not use
+    403, in one line (`errors.os_error_line`); the store is as it was (writes are
+    atomic)."""
+    status = {errno.ENOSPC: 507, errno.EROFS: 409, errno.EACCES: 403, errno.EPERM: 403}
+    if e.errno not in status:
+        raise e
+    return JSONResponse({"error": os_error_line(e)}, status_code=status[e.errno])
+
+
+async def _http_error(request: Request, e: HTTPException):
+    return JSONResponse({"error": f"{e.detail}: {request.url.path}"}, status_code=e.status_code)
+
+
+def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -> Starlette:
+    """The studio's web app over `studio`; with `token`, every request must carry it (the
+    `token` query parameter, which also sets a cookie, or that cookie). `stopping()` says the
+    server is shutting down: event streams end then."""
+    e = Endpoints(studio, stopping)
+    e.routes[:] = [
+        Route("/", e.page),
         Route("/favicon.ico", lambda request: Response(status_code=204), include_in_schema=False),
-        Route("/api/info", info),
-        Route("/api/frames/{n:int}.jpg", frame),
-        Route("/api/masks/{n:int}.png", masks),
-        Route("/api/scores", scores),
-        Route("/api/prompts", get_prompts, methods=["GET"]),
-        Route("/api/prompts", put_prompts, methods=["PUT"]),
-        Route("/api/preview", preview, methods=["POST"]),
-        Route("/api/track", track, methods=["POST"]),
-        Route("/api/export", export, methods=["POST"]),
-        Route("/api/cancel", cancel, methods=["POST"]),
-        Route("/api/progress", progress),
-        Route("/api/events", events),
-        Route("/api/schema", schema, include_in_schema=False),
+        Route("/api/info", e.info),
+        Route("/api/frames/{n:int}.jpg", e.frame),
+        Route("/api/masks/{n:int}.png", e.masks),
+        Route("/api/scores", e.scores),
+        Route("/api/prompts", e.get_prompts, methods=["GET"]),
+        Route("/api/prompts", e.put_prompts, methods=["PUT"]),
+        Route("/api/preview", e.preview, methods=["POST"]),
+        Route("/api/track", e.track, methods=["POST"]),
+        Route("/api/export", e.export, methods=["POST"]),
+        Route("/api/cancel", e.cancel, methods=["POST"]),
+        Route("/api/progress", e.progress),
+        Route("/api/events", e.events),
+        Route("/api/schema", e.schema, include_in_schema=False),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(
-        routes=routes,
+        routes=e.routes,
         exception_handlers={
-            SegpipeError: segpipe_error,
-            HTTPException: http_error,
-            OSError: os_error,
+            SegpipeError: _segpipe_error,
+            HTTPException: _http_error,
+            OSError: _os_error,
         },
     )
     if token is not None:

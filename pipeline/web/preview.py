@@ -27,11 +27,11 @@ from segpipe.store.tracking import preview_options, stored_settings
 
 
 class Previewer:
-    """The store's model (or, before the store is encoded, the studio's `model`), built once
-    on first use, with the store's tracking options."""
+    """The store's model (or, before the store is encoded, the studio's `encoding`: model
+    and weights), built once on first use, with the store's tracking options."""
 
-    def __init__(self, store_path, model: dict, device: str):
-        self.path, self.choice, self.device = store_path, model, device
+    def __init__(self, store_path, encoding, device: str):
+        self.path, self.choice, self.device = store_path, encoding, device
         self.predictor = None
         self.options = None
         self.built_for = None  # the store's model spec it was built for (None: the studio's)
@@ -43,13 +43,11 @@ class Previewer:
         if self.predictor is None or spec != self.built_for or options != self.options:
             built_for = spec
             if spec is not None:
-                weights, _ = embeddings_weights(store, spec, self.choice["checkpoint"])
+                weights, _ = embeddings_weights(store, spec, self.choice.checkpoint)
             else:  # what Track will record (`encode`'s choice of model and weights)
-                name = self.choice["model"]
-                weights = resolve_weights(
-                    name, self.choice["checkpoint"], self.choice["random_weights"]
-                )
-                spec = {"name": name, "image_size": store.attrs["image_size"]}
+                name = self.choice.model
+                weights = resolve_weights(name, self.choice.checkpoint, self.choice.random_weights)
+                spec = {"name": name, "image_size": store.image_size}
             # its own, kept here: a job may track on another thread meanwhile
             self.predictor = predictor_for(spec, weights, self.device, options, kept=False)
             self.options, self.built_for = options, built_for  # once it is built
@@ -119,7 +117,7 @@ class Previewer:
             from segpipe.store.source import SourceReader, stored_source
 
             _, _, picture = next(SourceReader(store, stored_source(store)).frames(f, 1))
-            frame = model_input(picture, store.attrs["image_size"])[None]
+            frame = model_input(picture, store.image_size)[None]
         image = preprocess(frame)[0]
         state = new_state(
             predictor, store.plan.num_frames, video["height"], video["width"], {}, None

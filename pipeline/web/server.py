@@ -14,6 +14,7 @@ import uvicorn
 
 from segpipe import log
 from segpipe.errors import BadInput
+from segpipe.settings import Encoding, Execution
 
 
 def reachable(host: str, family: int) -> str:
@@ -46,23 +47,23 @@ def loopback(host: str) -> bool:
 
 class StudioServer:
     """The studio of `store` bound to host:port (0: a free port). A host other than
-    loopback gets a token: the URL carries it, and a request without it gets 401. `model`:
-    `Studio`'s model, checkpoint and random_weights; `source`: the video a store not yet
-    decoded is decoded from (`Studio`)."""
+    loopback gets a token: the URL carries it, and a request without it gets 401.
+    `encoding`, `execution`: `Studio`'s (the model a store not yet encoded gets; where Track
+    computes); `source`: the video a store not yet decoded is decoded from (`Studio`)."""
 
     def __init__(
         self,
         store,
         host="127.0.0.1",
         port=8765,
-        model: dict | None = None,
-        device="auto",
+        encoding: Encoding = Encoding(),
+        execution: Execution = Execution(),
         source: tuple | None = None,
     ):
         from segpipe.web.app import make_app
         from segpipe.web.session import Studio
 
-        self.studio = Studio(store, **(model or {}), device=device, source=source)
+        self.studio = Studio(store, encoding, execution, source)
         self.token = None if loopback(host) else secrets.token_urlsafe(16)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -135,9 +136,15 @@ class _Server(uvicorn.Server):
 
 
 def serve(
-    store, host="127.0.0.1", port=8765, model=None, device="auto", open_page=False, source=None
+    store,
+    host="127.0.0.1",
+    port=8765,
+    encoding: Encoding = Encoding(),
+    execution: Execution = Execution(),
+    open_page=False,
+    source=None,
 ):
-    server = StudioServer(store, host, port, model, device, source)
+    server = StudioServer(store, host, port, encoding, execution, source)
     log.result(f"studio: {server.url}")
     if server.studio.read_only:
         log.warn(server.studio.read_only)

@@ -9,6 +9,7 @@ import io
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from segpipe.errors import (
 from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.store.lock import Claim, holder, store_lock
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import (
@@ -50,21 +51,15 @@ class Studio:
     def __init__(
         self,
         store,
-        model: str | None = None,
-        checkpoint: str | None = None,
-        random_weights: int | None = None,
-        device: str = "auto",
+        encoding: Encoding = Encoding(),
+        execution: Execution = Execution(),
         source: tuple | None = None,
-        allow_env_change: bool = False,
     ):
-        from segpipe.model import DEFAULT_MODEL
-
-        self.path, self.checkpoint, self.device = resolved(store), checkpoint, device
-        self.allow_env_change = allow_env_change  # Track in another compute environment
-        # the model a store not yet encoded is encoded with (as `encode` takes it)
-        self.model = dict(
-            model=model or DEFAULT_MODEL, checkpoint=checkpoint, random_weights=random_weights
-        )
+        self.path, self.device = resolved(store), execution.device
+        # the model a store not yet encoded is encoded with (as `encode` takes it), and
+        # where Track computes (quietly; `allow_env_change`: in another environment too)
+        self.encoding = encoding.filled()
+        self.execution = replace(execution, progress=False)
         self._previewer = None  # made on the first preview or Track (or `warm`): torch then
         self._warmed = False
         self.entries, self.seen, self.direction = [], None, "both"
@@ -128,7 +123,7 @@ class Studio:
         if self._previewer is None:
             from segpipe.web.preview import Previewer
 
-            self._previewer = Previewer(self.path, self.model, self.device)
+            self._previewer = Previewer(self.path, self.encoding, self.device)
         return self._previewer
 
     # -- the video ---------------------------------------------------------------------------
@@ -341,7 +336,7 @@ class Studio:
             Tracking(direction, frames).resolve(store, prompts)  # checked now, not in the job
         if "model" in store.attrs:  # another compute environment: refused now, not in the job
             computing = environment.of_work(self.device)
-            environment.check(store, computing, self.allow_env_change, record=False)
+            environment.check(store, computing, self.execution.allow_env_change, record=False)
         with self._starting:
             claim = self._claim()
             try:
@@ -369,14 +364,7 @@ class Studio:
             self.bump()
 
         if "model" not in self.store().attrs:  # recorded; chunks encoded as tracked
-            encode(
-                self.path,
-                **self.model,
-                device=self.device,
-                quiet=True,
-                chunks=[],
-                allow_env_change=self.allow_env_change,
-            )
+            encode(self.path, self.encoding, self.execution, chunks=[])
         predictor = self.previewer.predictor
         same = (
             predictor is not None
@@ -388,12 +376,10 @@ class Studio:
                 self.path,
                 prompts,
                 Tracking(direction, frames),
-                device=self.device,
-                checkpoint=self.checkpoint,
-                quiet=True,
+                self.encoding,
+                self.execution,
                 predictor=predictor if same else None,
                 on_commit=committed,
-                allow_env_change=self.allow_env_change,
             )
         finally:  # the store's prompts are these now, by this studio's doing
             self.seen = self._tracking_seen(self.store())

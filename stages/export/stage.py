@@ -87,7 +87,7 @@ class Export:
             raise BadInput("a palette and per-object PNGs are options of the davis format")
         track = stored_track(store) if tracking else require_tracked(store)
         self.store, self.fmt, self.name = store, fmt, name or fmt
-        T, C = store.frame_count, store.attrs["chunk_size"]
+        T, C = store.frame_count, store.chunk_size
         all_ids = track["object_ids"]
         self.range = a, b = (0, T) if frames is None else frame_window(frames, T)
         self.slots = parse_objects(objects, all_ids)

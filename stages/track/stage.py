@@ -34,7 +34,7 @@ from segpipe.model import (
     tracking_options,
 )
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
-from segpipe.settings import Tracking
+from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
@@ -74,7 +74,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     the arrays. The new settings are recorded last (see `reset_from`)."""
     if not again:
         return
-    T, C = require_decoded(store), store.attrs["chunk_size"]
+    T, C = require_decoded(store), store.chunk_size
     _, masks = prompt_file.to_record(prompts)
     if store.attrs.get("track") is not None:
         log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
@@ -127,52 +127,32 @@ def track(
     store_path,
     prompts=None,
     tracking: Tracking | None = None,
+    encoding: Encoding = Encoding(),
+    execution: Execution = Execution(),
     *,
-    device: str = "auto",
-    checkpoint: str | None = None,
-    quiet: bool = False,
     predictor=None,
-    force: bool = False,
     on_commit=None,
-    batch_size: int = 1,
     cluster=None,
     space=None,
     draft: bool = True,
-    groups: int | None = None,
-    allow_env_change: bool = False,
 ) -> RunStore:
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
     track; with `draft` False, those of the last track: a repair), resuming or repairing
     whatever is not done.
 
-    `tracking` (`settings.Tracking`: direction, window, options; None: all the
-    store's) says what is computed; what it leaves None is the store's, else the default
-    (`Tracking.resolve`). `on_commit(direction, chunk)` is
-    called after each chunk a pass commits (`run` and the dataset command export it then).
-    Chunks without features on disk (not encoded yet, or dropped under `--keep masks`) are
-    encoded as the passes reach them, in `batch_size` frames (see `supply`). With `cluster`
-    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`).
-
-    `tracking.frames` ((A, B), "A:B", "A:" or ":B"; None: the store's) is the window, as
-    SAM 2's `propagate_in_video(start_frame_idx, max_frame_num_to_track)` takes it: frames
-    A..B-1 only, the forward pass from max(A, earliest prompt), the reverse pass from
-    min(B - 1, earliest prompt); prompts outside it still condition the tracking. `space`
-    (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is
-    work to do.
-
-    `groups`: the objects are tracked in that many groups (`stages.track.groups`; one
-    under non-overlap or `object_batch`), one after another here, side by side on Dask
-    workers (None: one here, one per worker there). `tracking.object_batch` (None: the
-    store's, else 1): up to that many objects of a frame through SAM 2's step at once, as its legacy
-    predictor batches them (`stages.track.batch`: not bit for bit SAM 2's predictor).
-
-    The store is computed in one environment (`segpipe.environment`; `allow_env_change`:
-    in another too)."""
-    if groups is not None and (
-        isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
-    ):
-        raise BadInput(f"--groups must be a positive integer, got {groups!r}")
+    `tracking` (None: all the store's) says what is computed; what it leaves None is the
+    store's, else the default (`Tracking.resolve`). Of `encoding`, the `checkpoint` and
+    `batch_size`: chunks without features on disk are encoded as the passes reach them
+    (see `supply`). `execution`: the device, progress, `force` (track anew),
+    `groups` (of objects, one after another here, side by side on Dask workers; one under
+    non-overlap or `object_batch`: `stages.track.groups`) and `allow_env_change` (the store
+    is computed in one environment: `segpipe.environment`). `on_commit(direction, chunk)`
+    is called after each chunk a pass commits (`run` and the dataset command export it
+    then). With `cluster` (`segpipe.dask.client`), the passes run on Dask workers
+    (`segpipe.dask.tasks`). `space` (`segpipe.space.SpaceGuard`, `run`'s) is asked before
+    the first write, when there is work to do."""
+    quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
@@ -184,27 +164,15 @@ def track(
         log.warn("random weights: masks from them mean nothing")
     _check_predictor(predictor, options)
     settings = tracking_settings(prompts, direction, options, window)
-    again = force or stored_settings(store) != settings  # then every chunk is tracked anew
-    env = (environment.of_work(device, predictor, cluster), allow_env_change)
+    again = execution.force or stored_settings(store) != settings  # every chunk anew
+    env = (environment.of_work(device, predictor, cluster), execution.allow_env_change)
     pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space, env)
     if not pending:
         sweep(store)
         log.info("track: already complete", quiet)
         return store
-    if (groups or 1) > 1 and coupled(options):
-        log.info(
-            "track: the objects in one group (under --non-overlap or --object-batch they "
-            "are computed together)",
-            quiet,
-        )
-        groups = 1
-    if cluster is None and (groups or 1) > 1 and keep_setting(store) == "masks":
-        log.info(
-            "track: one group here under --keep masks (each group would read every chunk's "
-            "features, which would then all be written)",
-            quiet,
-        )
-        groups = 1
+    groups = _groups(store, execution.groups, options, cluster, quiet)
+    batch_size = encoding.batch_size
     if cluster is not None:
         work = cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size)
         cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
@@ -217,10 +185,29 @@ def track(
     return store
 
 
+def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: bool):
+    """The groups asked for, or one where they cannot be (said)."""
+    if (groups or 1) > 1 and coupled(options):
+        log.info(
+            "track: the objects in one group (under --non-overlap or --object-batch they "
+            "are computed together)",
+            quiet,
+        )
+        return 1
+    if cluster is None and (groups or 1) > 1 and keep_setting(store) == "masks":
+        log.info(
+            "track: one group here under --keep masks (each group would read every chunk's "
+            "features, which would then all be written)",
+            quiet,
+        )
+        return 1
+    return groups
+
+
 def _track_inputs(store: RunStore, prompts, draft: bool = True):
     """(chunk plan, model spec, prompts) of a tracking of the store, checked."""
     T = require_decoded(store)
-    plan = ChunkPlan(T, store.attrs["chunk_size"])
+    plan = ChunkPlan(T, store.chunk_size)
     spec = store.attrs.get("model")
     if spec is None:
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
@@ -321,20 +308,7 @@ def run_passes(
     settings = stored_settings(store)
     plan = store.plan
     span = Span.of(settings, plan.num_frames)
-    units = {}  # (direction, first slot) -> the group's slots
-    for d in pending:
-        chunks = span.chunks(plan, d)
-        if isinstance(groups, int):
-            # under --keep masks one group here: groups read each chunk's features once
-            # each, which would then all be written; objects ahead of others (a run in
-            # groups that stopped) redo their chunks, bit for bit
-            together = keep_setting(store) == "masks"
-            parts = object_groups(store, d, chunks, groups, settings["options"], together)
-        elif coupled(settings["options"]):  # every object together, whatever each has
-            parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
-        else:
-            parts = cut(store, d, chunks, list(groups))
-        units.update({(d, g[0]): g for g in parts})
+    units = _units(store, plan, span, pending, groups, settings["options"])
     todo = {u: object_todo(store, u[0], g, span.chunks(plan, u[0])) for u, g in units.items()}
     starts = {u: c[0] == span.chunks(plan, u[0])[0] for u, c in todo.items()}
     prompt_chunks = unit_prompt_chunks(plan, prompts, units, starts)
@@ -342,13 +316,7 @@ def run_passes(
     say_cost(store, plan, missing, quiet)
     if not units:
         return
-    if on_commit is not None:  # a chunk is the pass's once every group has committed it
-        each = on_commit
-
-        def on_commit(d, k):
-            if store.pass_ledger(d).is_done(k):
-                each(d, k)
-
+    on_commit = _once_the_pass_has_it(store, on_commit)
     precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with (
@@ -378,6 +346,39 @@ def run_passes(
             with autocast(predictor.device.type, precision), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
                 tracker.run(shown_by(settings["direction"], d, span.start), quiet)
+
+
+def _units(store: RunStore, plan: ChunkPlan, span: Span, pending, groups, options) -> dict:
+    """The groups of objects each pass runs, by (direction, first slot): `groups` groups
+    (an int) of the objects with chunks to do, or the one group of slots given (a Dask
+    task's)."""
+    units = {}
+    for d in pending:
+        chunks = span.chunks(plan, d)
+        if isinstance(groups, int):
+            # under --keep masks one group here: groups read each chunk's features once
+            # each, which would then all be written; objects ahead of others (a run in
+            # groups that stopped) redo their chunks, bit for bit
+            together = keep_setting(store) == "masks"
+            parts = object_groups(store, d, chunks, groups, options, together)
+        elif coupled(options):  # every object together, whatever each has
+            parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
+        else:
+            parts = cut(store, d, chunks, list(groups))
+        units.update({(d, g[0]): g for g in parts})
+    return units
+
+
+def _once_the_pass_has_it(store: RunStore, on_commit):
+    """`on_commit(d, k)` called once every group has committed chunk k of pass d."""
+    if on_commit is None:
+        return None
+
+    def committed(d, k):
+        if store.pass_ledger(d).is_done(k):
+            on_commit(d, k)
+
+    return committed
 
 
 def unit_prompt_chunks(plan: ChunkPlan, prompts: list, units: dict, starts: dict) -> dict:
