@@ -19,7 +19,7 @@ import sys, time, torch, zarr
 from segpipe.model import Weights, build_model
 from segpipe.stages.encode import preprocess
 group = zarr.open_group(sys.argv[1], mode="r")
-model = build_model("sam2.1_hiera_t", group.attrs["image_size"], Weights(random_seed=0))
+model = build_model("sam2.1_hiera_t", group.attrs["decoding"]["image_size"], Weights(random_seed=0))
 frames = group["frames"]
 with torch.inference_mode():
     for t in range(frames.shape[0]):

@@ -27,7 +27,7 @@ def fake_tracked_store(store: Path, masks_for) -> None:
     from segpipe.store.runstore import RunStore
 
     s = RunStore.open(store)
-    T, C = s.attrs["frame_count"], s.attrs["chunk_size"]
+    T, C = s.attrs["frame_count"], s.attrs["decoding"]["chunk_size"]
     H, W = s.attrs["video"]["height"], s.attrs["video"]["width"]
     ids = [1, 2, 3]
     arr = s.create_array(

@@ -113,7 +113,7 @@ def bench_model(name: str, args, root: Path) -> dict:
         if label != "official":  # built only now: its weights are not in the plain run's peak
             from sam2.build_sam import build_sam2_video_predictor
 
-            from segpipe.model import OFFICIAL
+            from segpipe.models.sam2.catalog import OFFICIAL
 
             torch._dynamo.reset()
             predictor = build_sam2_video_predictor(
@@ -199,7 +199,7 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
     prompts = load(root / "prompts.json", args.frames, 640, 480)
     from sam2.build_sam import build_sam2_video_predictor
 
-    from segpipe.model import OFFICIAL
+    from segpipe.models.sam2.catalog import OFFICIAL
 
     official = build_sam2_video_predictor(  # as SAM 2's README builds it, our weights
         OFFICIAL[name][0], device=device, hydra_overrides_extra=[f"++model.image_size={args.size}"]

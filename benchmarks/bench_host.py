@@ -198,7 +198,7 @@ def child(args) -> dict:
     if args.side == "official":
         from sam2.build_sam import build_sam2_video_predictor
 
-        from segpipe.model import OFFICIAL
+        from segpipe.models.sam2.catalog import OFFICIAL
 
         predictor = build_sam2_video_predictor(
             OFFICIAL[args.model][0],

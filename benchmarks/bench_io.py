@@ -112,10 +112,10 @@ def disk_bandwidth(folder: Path, total: int = 256 << 20, block: int = 16 << 20) 
 
 
 def feature_bytes_per_frame(size: int, embedding_dtype: str, precision: str) -> int:
-    from segpipe.estimate import level_itemsizes, level_shapes
+    from segpipe.estimate import level_itemsizes, model_sizes
 
     sizes = level_itemsizes(embedding_dtype, precision)
-    return sum(n * ch * (size // st) ** 2 for n, (ch, st) in zip(sizes, level_shapes(256)))
+    return sum(n * ch * (size // st) ** 2 for n, (ch, st) in zip(sizes, model_sizes(None).levels))
 
 
 def results(store: Path) -> dict:

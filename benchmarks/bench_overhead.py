@@ -56,8 +56,7 @@ def build_store(
                 "time_base": "1/15360",
                 "claimed_frames": T,
             },
-            "chunk_size": C,
-            "image_size": S,
+            "decoding": {"chunk_size": C, "image_size": S},
         },
     )
     # decode's arrays and attributes
@@ -151,7 +150,7 @@ def in_process(store_path: Path, repeat: int) -> list[list]:
         return min(times)
 
     store0 = RunStore.open(store_path)
-    T, C = store0.attrs["frame_count"], store0.attrs["chunk_size"]
+    T, C = store0.attrs["frame_count"], store0.attrs["decoding"]["chunk_size"]
     start = store0.attrs["track"]["start_frame"]
     plan = ChunkPlan(T, C)
 

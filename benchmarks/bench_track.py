@@ -37,7 +37,7 @@ group = zarr.open_group(sys.argv[1], mode="r")
 a = group.attrs
 T, H, W = a["frame_count"], a["video"]["height"], a["video"]["width"]
 prompts = pf.load(sys.argv[2], T, W, H)
-model = build_model("sam2.1_hiera_t", a["image_size"], Weights(random_seed=0))
+model = build_model("sam2.1_hiera_t", a["decoding"]["image_size"], Weights(random_seed=0))
 enc = [0.0]
 def pre(*_): enc.append(time.perf_counter())
 def post(*_): enc[0] += time.perf_counter() - enc.pop()

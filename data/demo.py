@@ -51,7 +51,8 @@ def pick_weights(checkpoint: str | None) -> tuple[list[str], str]:
             ["--model", "sam2.1_hiera_t", "--checkpoint", f"hf:{REPO}", "--image-size", "512"],
             f"SAM 2.1 tiny, Meta's weights (hf:{REPO})",
         )
-    from segpipe.model import SHIPPED, Weights, trained_size
+    from segpipe.model import Weights, trained_size
+    from segpipe.models.sam2.catalog import SHIPPED
 
     size = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1])) or 128  # missing: run says
     return (

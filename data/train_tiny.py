@@ -62,7 +62,9 @@ from synthetic import make_clip  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "pipeline" / "configs" / "segpipe_tiny.yaml"
-WEIGHTS = HERE.parent / "pipeline" / "weights" / "segpipe_tiny.pt"  # segpipe.model.SHIPPED's
+WEIGHTS = (
+    HERE.parent / "pipeline" / "weights" / "segpipe_tiny.pt"
+)  # segpipe.models.sam2.catalog.SHIPPED's
 SIZE = 128  # the image size it trains at (the shipped weights record it)
 SPEED = (0.5, 1.5)  # the range of the clips' motion scale (`--speed`)
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)

@@ -60,9 +60,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from segpipe.fsutil import tree_bytes
 from segpipe.plan import ChunkPlan, Span, passes
+
+if TYPE_CHECKING:
+    from segpipe.models.base import Sizes
 
 GROUPS = ("frames", "features", "memory", "masks", "other")
 STAGE_GROUPS = {
@@ -71,23 +75,14 @@ STAGE_GROUPS = {
     "track": ("frames", "features", "memory", "masks"),
 }
 
-# SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
-# frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15, mem_dim 64, hidden_dim 256.
-# segpipe_tiny has the same memory sizes and narrower widths (`model.model_widths`).
-NUM_MASKMEM, MAX_OBJ_PTRS = 7, 16
 
+def model_sizes(model: str | None) -> Sizes:
+    """`model`'s sizes, as its family gives them (`ModelFamily.sizes`: widths, memory
+    lengths, feature levels); before a model is chosen, the default model's family's."""
+    from segpipe.models.registry import family_of
+    from segpipe.settings import DEFAULTS
 
-def widths(model: str | None) -> tuple[int, int]:
-    """(mem_dim, hidden_dim) of `model`; the official ones' where it is not known yet."""
-    from segpipe.model import model_widths
-
-    return model_widths(model) if model else (64, 256)
-
-
-def level_shapes(hidden_dim: int) -> tuple:
-    """(channels, stride) of the stored levels: [C, S/stride, S/stride] (levels 0 and 1 come
-    out of the mask decoder's conv_s0 / conv_s1: hidden_dim / 8 and / 4 channels)."""
-    return (hidden_dim // 8, 4), (hidden_dim // 4, 8), (hidden_dim, 16)
+    return family_of(model or DEFAULTS["model"]).sizes(model)
 
 
 # Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).
@@ -184,15 +179,17 @@ def features_part(
     precision: str,
     stored: list | None = None,
     basis: str | None = None,
-    hidden_dim: int = 256,
+    levels: tuple | None = None,
 ) -> Part:
     """Exact: uncompressed, full-size chunks. `stored`: (itemsize, per-frame values) of the
-    store's own level arrays, when they exist."""
+    store's own level arrays, when they exist; else `levels` ((channels, stride) of each,
+    the model's: `model_sizes`; None: the default model's)."""
     chunks = ChunkPlan(T, C).num_chunks
     if stored is None:
         sizes = level_itemsizes(embedding_dtype, precision)
         stored = [
-            (size, ch * (S // st) ** 2) for size, (ch, st) in zip(sizes, level_shapes(hidden_dim))
+            (size, ch * (S // st) ** 2)
+            for size, (ch, st) in zip(sizes, levels or model_sizes(None).levels)
         ]
     total = sum(chunks * (C * n * size + 4) + ARRAY_META for size, n in stored)
     per_frame = sum(n * size for size, n in stored)
@@ -268,10 +265,11 @@ def memory_snapshots(
     """Per pass, the counted bytes of the prompted outputs (index 0) and of each chunk's
     snapshot in the pass's order (1..)."""
     plan = ChunkPlan(T, C)
-    mem_dim, hidden_dim = widths(model)
+    sizes = model_sizes(model)
+    mem_dim, hidden_dim = sizes.mem_dim, sizes.hidden_dim
     slot = mem_dim * (S // 16) ** 2 * 2
     rho = RHO_FLOAT32_FROM_BF16 if precision == "bfloat16" else RHO_FLOAT32
-    M, P = NUM_MASKMEM - 1, max(min(T, MAX_OBJ_PTRS) - 1, 1)
+    M, P = sizes.num_maskmem - 1, max(min(T, sizes.max_obj_ptrs) - 1, 1)
     ids = list(dict.fromkeys(p.object_id for p in prompts))
     O = len(ids)
     span = span or Span.whole(min(p.frame for p in prompts), T)
@@ -474,7 +472,7 @@ def _features_estimate(
         if all(a is not None for a in arrays):
             stored = [(a.dtype.itemsize, math.prod(a.shape[1:])) for a in arrays]
     default = "" if (later.embedding_dtype or model) else " (encode's default)"
-    part = features_part(T, C, S, emb, precision, stored, hidden_dim=widths(name)[1])
+    part = features_part(T, C, S, emb, precision, stored, levels=model_sizes(name).levels)
     part.basis += default
     return part
 

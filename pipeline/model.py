@@ -1,181 +1,30 @@
-"""Building SAM 2 models: official configs, checkpoints (file or hf:), seeded random weights,
-and segpipe's own demo model (`segpipe_tiny`: SAM 2's architecture, smaller, weights shipped).
-
-Also the one place where segpipe changes SAM 2's arithmetic: on CPU in float32 the official
-predictor crashes when an object's memory holds only bfloat16 mask memories and no object
-pointers (`mat1 and mat2 must have the same dtype`). `install_memory_cast` casts that memory
-to float32 before memory attention, exactly what `torch.cat` already does as soon as a float32
-pointer joins the bfloat16 memories, so every other case stays bit-identical.
-"""
+"""The one way from a model's name and weights to a predictor, whatever its family
+(`segpipe.models`): the weights resolved by the model's family, predictors built once and
+kept per thread, the device and precision they compute in, and the store's record of the
+model its embeddings were made with (a store refuses another)."""
 
 from __future__ import annotations
 
-import functools
 import threading
-import zipfile
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from segpipe.errors import BadInput
-from segpipe.fsutil import regular_file, resolved
+from segpipe.fsutil import resolved
+from segpipe.models.base import ModelFamily, Weights
+from segpipe.models.registry import family_of, models
 from segpipe.settings import DEFAULTS, PRECISIONS
-from segpipe.sources.identity import file_identity
 from segpipe.store.runstore import RunStore
 
-# model name -> (config inside the sam2 package, official checkpoint file, Hugging Face repo)
-OFFICIAL = {
-    "sam2.1_hiera_t": (
-        "configs/sam2.1/sam2.1_hiera_t.yaml",
-        "sam2.1_hiera_tiny.pt",
-        "facebook/sam2.1-hiera-tiny",
-    ),
-    "sam2.1_hiera_s": (
-        "configs/sam2.1/sam2.1_hiera_s.yaml",
-        "sam2.1_hiera_small.pt",
-        "facebook/sam2.1-hiera-small",
-    ),
-    "sam2.1_hiera_b+": (
-        "configs/sam2.1/sam2.1_hiera_b+.yaml",
-        "sam2.1_hiera_base_plus.pt",
-        "facebook/sam2.1-hiera-base-plus",
-    ),
-    "sam2.1_hiera_l": (
-        "configs/sam2.1/sam2.1_hiera_l.yaml",
-        "sam2.1_hiera_large.pt",
-        "facebook/sam2.1-hiera-large",
-    ),
-    "sam2_hiera_t": (
-        "configs/sam2/sam2_hiera_t.yaml",
-        "sam2_hiera_tiny.pt",
-        "facebook/sam2-hiera-tiny",
-    ),
-    "sam2_hiera_s": (
-        "configs/sam2/sam2_hiera_s.yaml",
-        "sam2_hiera_small.pt",
-        "facebook/sam2-hiera-small",
-    ),
-    "sam2_hiera_b+": (
-        "configs/sam2/sam2_hiera_b+.yaml",
-        "sam2_hiera_base_plus.pt",
-        "facebook/sam2-hiera-base-plus",
-    ),
-    "sam2_hiera_l": (
-        "configs/sam2/sam2_hiera_l.yaml",
-        "sam2_hiera_large.pt",
-        "facebook/sam2-hiera-large",
-    ),
-}
-# segpipe's own: SAM 2's architecture at a size a CPU trains (data/train_tiny.py), its config
-# and its weights shipped inside the package (package data): name -> (config, weights)
-SHIPPED = {
-    "segpipe_tiny": (
-        Path(__file__).parent / "configs" / "segpipe_tiny.yaml",
-        Path(__file__).resolve().parent / "weights" / "segpipe_tiny.pt",
-    ),
-}
-MODELS = [*OFFICIAL, *SHIPPED]
+MODELS = models()  # every family's, as the command line offers them
 DEFAULT_MODEL = DEFAULTS["model"]
-CHECKPOINT_URL = "https://dl.fbaipublicfiles.com/segment_anything_2/{release}/{file}"
-
-
-@dataclass(frozen=True)
-class Weights:
-    """Where the weights come from: a checkpoint file (by sha256) or a random seed."""
-
-    checkpoint: Path | None = None
-    random_seed: int | None = None
-
-    def describe(self) -> dict:
-        if self.checkpoint is not None:
-            return {"checkpoint_sha256": file_identity(self.checkpoint)["sha256"]}
-        return {"random_seed": self.random_seed}
 
 
 def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
-    if model not in MODELS:
-        raise BadInput(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    """Where `model`'s weights come from (its family says: `ModelFamily.weights`)."""
+    family = family_of(model)
     if checkpoint is not None and random_seed is not None:
         raise BadInput("give either --checkpoint or --random-weights, not both")
-    if checkpoint is None and random_seed is None and model in SHIPPED:
-        shipped = SHIPPED[model][1]
-        if not shipped.is_file():
-            raise BadInput(
-                f"{model}'s weights are not at {shipped} (inside the segpipe "
-                f"package): reinstall segpipe, train them with python "
-                f"data/train_tiny.py, or pass --checkpoint PATH"
-            )
-        return Weights(checkpoint=shipped)
-    if checkpoint is None and random_seed is None:
-        _, file, _ = OFFICIAL[model]
-        release = "092824" if model.startswith("sam2.1") else "072824"
-        raise BadInput(
-            f"no weights for {model}: download {CHECKPOINT_URL.format(release=release, file=file)} "
-            f"and pass it as --checkpoint PATH (or --checkpoint hf:{OFFICIAL[model][2]}; "
-            f"--random-weights SEED for tests only)"
-        )
-    if random_seed is not None:
-        return Weights(random_seed=random_seed)
-    if checkpoint.startswith("hf:"):
-        return Weights(checkpoint=_hf_checkpoint(checkpoint[3:]))
-    path = Path(checkpoint)
-    regular_file(path, "checkpoint", "a SAM 2 checkpoint file (.pt)")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive: checked without torch
-        raise BadInput(
-            f"{path} is not a PyTorch checkpoint (not the zip archive torch.save "
-            f"writes): give a SAM 2 checkpoint file (.pt)"
-        )
-    return Weights(checkpoint=path)
-
-
-def _hf_checkpoint(repo_id: str) -> Path:
-    """Resolve `hf:facebook/sam2.1-hiera-tiny` through huggingface_hub's cache, as SAM 2's
-    own `from_pretrained` does; downloaded only when the hub can be reached (asked once,
-    so an offline machine hears it in one line, not after huggingface_hub's retries)."""
-    files = {repo: file for _, file, repo in OFFICIAL.values()}
-    if repo_id not in files:
-        raise BadInput(f"unknown Hugging Face model {repo_id!r}; known: {', '.join(files)}")
-    from huggingface_hub import constants, hf_hub_download
-
-    where = f"download {files[repo_id]} and pass --checkpoint PATH"
-    try:
-        return Path(
-            hf_hub_download(repo_id=repo_id, filename=files[repo_id], local_files_only=True)
-        )
-    except Exception:  # noqa: BLE001 - not cached: download it, if the hub can be reached
-        pass
-    unreachable = _unreachable(constants.ENDPOINT, constants.HF_HUB_OFFLINE)
-    if unreachable:
-        raise BadInput(
-            f"could not get checkpoint hf:{repo_id}: not in the Hugging Face cache, and "
-            f"{unreachable}; {where}"
-        )
-    try:
-        return Path(hf_hub_download(repo_id=repo_id, filename=files[repo_id]))
-    except Exception as e:  # noqa: BLE001 - network, permissions: all one message
-        raise BadInput(
-            f"could not get checkpoint hf:{repo_id} ({type(e).__name__}); {where}"
-        ) from None
-
-
-def _unreachable(endpoint: str, offline: bool) -> str | None:
-    """Why the Hugging Face hub at `endpoint` cannot be reached (None: it answers)."""
-    import socket
-    from urllib.parse import urlparse
-
-    if offline:
-        return "HF_HUB_OFFLINE is set"
-    from urllib.request import getproxies
-
-    if getproxies():  # through a proxy: huggingface_hub's own request decides
-        return None
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except OSError as e:
-        return f"{url.hostname} cannot be reached ({e.strerror or e})"
-    return None
+    return family.weights(model, checkpoint, random_seed)
 
 
 def build_model(
@@ -186,62 +35,19 @@ def build_model(
     postprocessing: bool = True,
     non_overlap: bool = False,
 ):
-    """SAM 2's video predictor for `model` at `image_size`, in eval mode on `device`.
-
-    `postprocessing` is `build_sam2_video_predictor`'s `apply_postprocessing` (on by default,
-    as there; SAM 2's `vos_inference` turns it off); `non_overlap` its
-    `++model.non_overlap_masks` (each pixel to the highest-scoring object only). Neither
-    touches the image encoder: they change tracking, not embeddings."""
-    import torch
-    from sam2.build_sam import build_sam2_video_predictor
-
-    overrides = [
-        f"++model.image_size={image_size}",
-        f"++model.non_overlap_masks={'true' if non_overlap else 'false'}",
-    ]
-    if weights.random_seed is not None:
-        torch.manual_seed(weights.random_seed)
-    with _BUILDING, _config_dir(model) as config:
-        predictor = build_sam2_video_predictor(
-            config,
-            ckpt_path=None,
-            device="cpu",
-            hydra_overrides_extra=overrides,
-            apply_postprocessing=postprocessing,
-        )
-    if weights.checkpoint is not None:
-        try:
-            loaded = torch.load(weights.checkpoint, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - whatever torch says, it is not a checkpoint
-            raise BadInput(
-                f"{weights.checkpoint} is not a PyTorch checkpoint ({type(e).__name__})"
-                f": give a SAM 2 checkpoint file (.pt)"
-            ) from None
-        if not isinstance(loaded, dict) or "model" not in loaded:
-            raise BadInput(
-                f"{weights.checkpoint} is a PyTorch file but not a SAM 2 checkpoint "
-                f'(no "model" state dict in it)'
-            )
-        try:
-            predictor.load_state_dict(loaded["model"], strict=True)
-        except Exception as e:  # noqa: BLE001
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BadInput(
-                f"checkpoint {weights.checkpoint} does not fit {model}: {first}"
-            ) from None
-    install_memory_cast(predictor)
-    return predictor.to(device).eval()
+    """`model`'s video predictor at `image_size`, in eval mode on `device`, built by its
+    family (`ModelFamily.build`). `postprocessing` is SAM 2's `apply_postprocessing` (on by
+    default, as there; SAM 2's `vos_inference` turns it off); `non_overlap` its
+    `non_overlap_masks` (each pixel to the highest-scoring object only). Neither touches
+    the image encoder: they change tracking, not embeddings."""
+    options = {"postprocessing": postprocessing, "non_overlap": non_overlap}
+    return family_of(model).build(model, image_size, weights, device, options)
 
 
 def made_by_shipped_weights(spec: dict) -> bool:
-    """Whether a store's model record (`encode`'s spec) is a shipped model with its shipped
-    weights, which later stages then find without --checkpoint."""
-    shipped = SHIPPED.get(spec["name"])
-    return bool(
-        shipped
-        and shipped[1].is_file()
-        and spec["weights"] == Weights(checkpoint=shipped[1]).describe()
-    )
+    """Whether a store's model record (`encode`'s spec) is a model with the weights its
+    family ships, which later stages then find without --checkpoint."""
+    return family_of(spec["name"]).shipped(spec)
 
 
 def for_workers(checkpoint: str | None, weights: Weights) -> str | None:
@@ -266,47 +72,6 @@ def trained_size(weights: Weights) -> int | None:
     except Exception:  # noqa: BLE001 - unreadable: build_model says so
         return None
     return size if isinstance(size, int) else None
-
-
-@functools.lru_cache(maxsize=None)
-def model_widths(model: str) -> tuple[int, int]:
-    """(mem_dim, hidden_dim) of `model`: the official configs' 64 and 256, or what a shipped
-    config says (read from its YAML, so the storage estimate needs no torch)."""
-    if model not in SHIPPED:
-        return 64, 256
-    import yaml
-
-    config = yaml.safe_load(SHIPPED[model][0].read_text())["model"]
-    return config["memory_encoder"]["out_dim"], config["image_encoder"]["neck"]["d_model"]
-
-
-# Building one of our models points Hydra, process-wide, at our config folder for the build:
-# builds take turns.
-_BUILDING = threading.Lock()
-
-
-@contextmanager
-def _config_dir(model: str):
-    """The config name SAM 2's builder composes for `model`: an official one from the sam2
-    package, or one of ours from its folder (Hydra pointed there for the build only, so SAM 2's
-    own builder, overrides and all, makes every model)."""
-    if model in OFFICIAL:
-        yield OFFICIAL[model][0]
-        return
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
-
-    config = SHIPPED[model][0]
-    # Hydra's own backup and restore (what its initialize_* context managers use): the sam2
-    # package's Hydra, made at `import sam2`, is put back after.
-    sam2s = get_gh_backup()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config.parent), version_base="1.2"):
-            yield config.name
-    finally:
-        restore_gh_from_backup(sam2s)
 
 
 class Models:
@@ -393,12 +158,14 @@ def release_predictors() -> None:
     _KEPT.__dict__.pop("models", None)
 
 
+def family_of_predictor(predictor) -> ModelFamily:
+    """The family that built `predictor` (one SAM 2's own builder made: SAM 2)."""
+    return getattr(predictor, "segpipe_family", None) or family_of(DEFAULTS["model"])
+
+
 def tracking_options(predictor) -> dict:
     """The build options a predictor was made with, as the track settings record them."""
-    return {
-        "postprocessing": predictor.fill_hole_area > 0,
-        "non_overlap": bool(predictor.non_overlap_masks),
-    }
+    return family_of_predictor(predictor).tracking_options(predictor)
 
 
 def pick_precision(precision: str | None, device: str) -> str:
@@ -420,38 +187,6 @@ def autocast(device_type: str, precision: str):
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
-def _autocast_on(device_type: str) -> bool:
-    import torch
-
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 has only the per-device functions
-        return (
-            torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
-        )
-
-
-def install_memory_cast(predictor) -> None:
-    """Cast a memory made only of bfloat16 mask memories to the features' dtype (see above)."""
-    import torch
-
-    def cast(_module, args, kwargs):
-        memory, curr = kwargs.get("memory"), kwargs.get("curr")
-        if (
-            memory is not None
-            and curr
-            and memory.dtype == torch.bfloat16
-            and curr[0].dtype == torch.float32
-            and not _autocast_on(curr[0].device.type)
-        ):
-            kwargs["memory"] = memory.to(torch.float32)
-        return args, kwargs
-
-    if not getattr(predictor, "_segpipe_memory_cast", False):
-        predictor.memory_attention.register_forward_pre_hook(cast, with_kwargs=True)
-        predictor._segpipe_memory_cast = True
-
-
 _PROBES: dict = {}
 
 
@@ -470,7 +205,7 @@ def thread_probe() -> str:
         predictor = build_model("sam2.1_hiera_t", 64, Weights(random_seed=0))
         image = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
         with torch.inference_mode():
-            levels = predictor.forward_image(image)["backbone_fpn"]
+            levels = family_of_predictor(predictor).encode(predictor, image)
         digest = hashlib.sha256()
         for level in levels:
             digest.update(level.contiguous().numpy().tobytes())

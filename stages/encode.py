@@ -20,6 +20,7 @@ from segpipe.errors import StoreMismatch
 from segpipe.model import (
     autocast,
     check_model,
+    family_of_predictor,
     for_workers,
     model_spec,
     pick_device,
@@ -407,15 +408,15 @@ def encode_frames(
     """Backbone levels of `frames`, batch by batch, and per level its (layout, dtype SAM 2
     computed it in, stored dtype); each batch's levels go to the host as they are made
     unless `on_device`."""
-    device = predictor.device
+    device, family = predictor.device, family_of_predictor(predictor)
     outs: list[list[torch.Tensor]] = [[], [], []]
     kinds: list[tuple[str, str, str]] = []
     for lo in range(0, len(frames), batch_size):
         images = preprocess(frames[lo : lo + batch_size], device)
         with autocast(device.type, precision):
-            backbone = predictor.forward_image(images)
+            backbone = family.encode(predictor, images)
         kinds = []
-        for level, feats in enumerate(backbone["backbone_fpn"]):
+        for level, feats in enumerate(backbone):
             stored = storage_dtype(feats.dtype, dtype, precision)
             kinds.append((memory_format(feats), str(feats.dtype).removeprefix("torch."), stored))
             held = feats if stored == "float32" else feats.to(getattr(torch, stored))

@@ -82,7 +82,7 @@ def store_predictor(attrs) -> object:
     weights = model["weights"]
     checkpoint = None
     if weights.get("random_seed") is None:
-        from segpipe.model import SHIPPED
+        from segpipe.models.sam2.catalog import SHIPPED
 
         checkpoint = SHIPPED[model["name"]][1]
     return sam2_predictor(

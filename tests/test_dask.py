@@ -659,7 +659,7 @@ def test_a_feature_level_is_made_alike_by_whichever_task_makes_it(tmp_path, monk
     from segpipe.store.runstore import RunStore
 
     path = tmp_path / "clip.zarr"
-    RunStore.create(path, {"frame_count": 6, "chunk_size": 4})
+    RunStore.create(path, {"frame_count": 6, "decoding": {"chunk_size": 4, "image_size": 64}})
     kind = ("contiguous", "float32", "float32")
     winner, loser = RunStore.open(path), RunStore.open(path)
     name = LEVELS[1]

@@ -51,7 +51,18 @@ LAYERS = {
         "segpipe.settings",
     ],
     # weights to a SAM 2 predictor, and the compute environment it runs in
-    "model": ["segpipe.model", "segpipe.environment"],
+    # model families, one room each, and the one way from weights to a predictor
+    "model": [
+        "segpipe.models",
+        "segpipe.models.base",
+        "segpipe.models.sam2",
+        "segpipe.models.sam2.catalog",
+        "segpipe.models.sam2.build",
+        "segpipe.models.sam2.family",
+        "segpipe.models.registry",
+        "segpipe.model",
+        "segpipe.environment",
+    ],
     # the four stages: each reads its inputs from the store and writes its outputs to it
     "stages": [
         "segpipe.stages",

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT, read_checked, segpipe
 from oracle import oracle_tracking, same_bits
 
-from segpipe.model import SHIPPED, Weights, trained_size
+from segpipe.model import Weights, trained_size
+from segpipe.models.sam2.catalog import SHIPPED
 
 T, CHUNK, WIDTH, HEIGHT = 24, 8, 160, 120
 SIZE = trained_size(Weights(checkpoint=SHIPPED["segpipe_tiny"][1]))  # what it was trained at
@@ -127,9 +128,10 @@ def test_the_estimate_counts_the_shipped_models_widths(tracked):
 def test_missing_shipped_weights_are_one_line(tmp_path, monkeypatch):
     from segpipe import model
     from segpipe.errors import BadInput
+    from segpipe.models.sam2 import catalog
 
-    config, _ = model.SHIPPED["segpipe_tiny"]
-    monkeypatch.setitem(model.SHIPPED, "segpipe_tiny", (config, tmp_path / "gone.pt"))
+    config, _ = catalog.SHIPPED["segpipe_tiny"]
+    monkeypatch.setitem(catalog.SHIPPED, "segpipe_tiny", (config, tmp_path / "gone.pt"))
     with pytest.raises(BadInput, match="train_tiny.py") as error:
         model.resolve_weights("segpipe_tiny", None, None)
     assert "\n" not in str(error.value) and "inside the segpipe package" in str(error.value)

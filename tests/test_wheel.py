@@ -31,12 +31,12 @@ PROBE = """
 import json, sys
 out = {"finders": [getattr(f, "__module__", "") for f in sys.meta_path]}  # classes, instances
 try:
-    import segpipe, segpipe.cli, segpipe.model, segpipe.stages.track
+    import segpipe, segpipe.cli, segpipe.models.sam2.catalog, segpipe.stages.track
 except ImportError as e:
     out["error"] = repr(e)
 else:
     out["file"] = segpipe.__file__
-    out["shipped"] = [str(p) for p in segpipe.model.SHIPPED["segpipe_tiny"]]
+    out["shipped"] = [str(p) for p in segpipe.models.sam2.catalog.SHIPPED["segpipe_tiny"]]
 import sam2, zarr, av  # the project's dependencies, from the tests' interpreter's site-packages
 out["modules"] = sorted({getattr(m, "__file__", None) or "" for m in list(sys.modules.values())})
 print(json.dumps(out))

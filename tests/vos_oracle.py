@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from segpipe.model import OFFICIAL, install_memory_cast
+from segpipe.models.sam2.build import install_memory_cast
+from segpipe.models.sam2.catalog import OFFICIAL
 
 
 class ToolError(Exception):

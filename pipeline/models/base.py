@@ -1,0 +1,85 @@
+"""What a model family provides segpipe, and the weights any model is built from.
+
+A family is one instance of a `ModelFamily` subclass, registered (`models.registry`); a
+model name belongs to exactly one family, and a store made by one model refuses another
+(its model record: `segpipe.model.model_spec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from segpipe.sources.identity import file_identity
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where the weights come from: a checkpoint file (by sha256) or a random seed."""
+
+    checkpoint: Path | None = None
+    random_seed: int | None = None
+
+    def describe(self) -> dict:
+        if self.checkpoint is not None:
+            return {"checkpoint_sha256": file_identity(self.checkpoint)["sha256"]}
+        return {"random_seed": self.random_seed}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A model's sizes, as the storage estimate needs them (no torch, no weights): the
+    memory's and the features' widths, the mask memories and object pointers a frame's
+    memory holds at most, and the stored feature levels as (channels, stride)."""
+
+    mem_dim: int
+    hidden_dim: int
+    num_maskmem: int
+    max_obj_ptrs: int
+    levels: tuple[tuple[int, int], ...]
+
+
+class ModelFamily:
+    """A model family: its models, and for each, the weights, the predictor, the image
+    encoder's features and the sizes. Capability flags say what segpipe may do with it.
+
+    What is not behind this interface yet: the tracking step and the memory snapshot's
+    layout (`stages/track`, SAM 2's own, which every model of `sam2` shares), and the
+    frames' normalisation (`stages.encode.preprocess`, SAM 2's). A second family brings
+    its own there (see docs/architecture.md)."""
+
+    name: str = ""
+    models: tuple[str, ...] = ()
+    # capabilities
+    checkpoints_from_hub: bool = False  # takes --checkpoint hf:<repo>
+    tracks_with_segpipe: bool = (
+        True  # tracked chunk by chunk by stages/track (its memory re-injected)
+    )
+
+    def weights(self, model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
+        """Where `model`'s weights come from (one of `checkpoint`, `random_seed`, or the
+        family's shipped ones; none of them: `BadInput` saying where to get them)."""
+        raise NotImplementedError
+
+    def shipped(self, spec: dict) -> bool:
+        """Whether a store's model record is made with weights the family ships (later
+        stages find them without --checkpoint)."""
+        return False
+
+    def build(self, model: str, image_size: int, weights: Weights, device: str, options: dict):
+        """The model's video predictor at `image_size`, in eval mode on `device`, with the
+        tracking `options` (`postprocessing`, `non_overlap`)."""
+        raise NotImplementedError
+
+    def encode(self, predictor, images) -> list:
+        """The stored feature levels of a batch of preprocessed images (N, 3, S, S), as the
+        tracking step reads them back."""
+        raise NotImplementedError
+
+    def tracking_options(self, predictor) -> dict:
+        """The tracking options a predictor was built with, as the store records them."""
+        raise NotImplementedError
+
+    def sizes(self, model: str | None) -> Sizes:
+        """`model`'s sizes (None: the family's usual ones, before a model is chosen)."""
+        raise NotImplementedError
