@@ -26,6 +26,7 @@ from conftest import (
     segpipe,
     spawn,
     tree_digest,
+    wait_for,
 )
 from PIL import Image
 
@@ -867,6 +868,68 @@ def test_cancel_then_kill_9_of_the_studio_mid_track_then_track_again_resumes(
     prompts.write_text(json.dumps({"prompts": entries}))
     here("track", "--store", before, "--prompts", prompts, "--direction", "forward")
     assert_same_store(store, before)
+
+
+def test_a_killed_server_shows_a_banner_and_its_restart_says_where_tracking_stopped(
+    browser, store, small, tmp_path
+):
+    """A page open on a studio that is tracking (held before its 2nd chunk's masks, by a test
+    hook): a kill -9 of the server shows the disconnected banner, and the page no longer
+    shows the job as under way; a button then says in one line that the server does not
+    answer. A new studio on the same port: the page reconnects by itself, the banner goes,
+    and it says where the tracking stopped (the frames the store's ledgers hold); Track
+    then resumes it to the end."""
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    flag = tmp_path / "never"
+    proc, url = studio_process(
+        ["studio", store, "--port", 0], f"wait_before_write('masks', 5, {str(flag)!r})"
+    )
+    port = url.rstrip("/").rsplit(":", 1)[1]
+    try:
+        assert fetch(url + "api/prompts", "PUT", {"prompts": entries})[0] == 200
+        assert fetch(url + "api/track", "POST", {"direction": "forward"})[0] == 202
+        assert wait_for(lambda: ledger_count(store, "track_forward") >= 1, proc, timeout=120)
+        page = open_page(browser, url)
+        page.wait_for_function("document.body.dataset.job === 'running'", timeout=30_000)
+        assert page.locator("#connection").is_hidden()
+        proc.kill()
+        proc.wait(30)
+        page.wait_for_selector("body[data-connection='lost']", timeout=30_000)
+        assert page.locator("#connection").is_visible()
+        assert "disconnected" in page.inner_text("#connection")
+        assert "tracking" not in page.inner_text("#progress")  # not shown as under way
+        page.click("#track")
+        page.wait_for_function(
+            "/does not answer/.test(document.getElementById('error').textContent)"
+        )
+    finally:
+        proc.kill()
+        proc.wait(30)
+    done = ledger_count(store, "track_forward")
+    assert done >= 1
+    proc, url = studio_process(["studio", store, "--port", port])
+    try:
+        page.wait_for_selector("body[data-connection='ok']", timeout=30_000)
+        assert page.locator("#connection").is_hidden()
+        page.wait_for_selector("body[data-job='interrupted']", timeout=30_000)
+        said = page.inner_text("#progress")
+        p = json.loads(fetch(url + "api/progress")[1])
+        assert (p["state"], p["kind"]) == ("interrupted", "track"), p
+        assert 0 < p["done"] < p["total"], p
+        assert said == f"tracking interrupted at {p['done']}/{p['total']} frames: Track resumes it"
+        page.select_option("#direction", "forward")
+        page.click("#track")
+        page.wait_for_selector("body[data-job='done']", timeout=120_000)
+        assert json.loads(fetch(url + "api/progress")[1])["state"] == "done"
+        # the only errors: the requests the killed server cut or did not answer
+        assert all(e.startswith("Failed to load resource: net::ERR_") for e in page.errors), (
+            page.errors
+        )
+        page.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    assert ledger_count(store, "track_forward") > done
 
 
 def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(

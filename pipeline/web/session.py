@@ -60,6 +60,7 @@ class Studio:
         # where Track computes (quietly; `allow_env_change`: in another environment too)
         self.encoding = encoding.filled()
         self.execution = replace(execution, progress=False)
+        self._stop_seen = (None, None)  # (version, where a tracking stopped): `progress`
         self._previewer = None  # made on the first preview or Track (or `warm`): torch then
         self._warmed = False
         self.entries, self.seen, self.direction = [], None, "both"
@@ -422,7 +423,29 @@ class Studio:
         self.job.cancel()
 
     def progress(self) -> dict:
-        return {**self.job.snapshot(), "version": self.version, "read_only": self.read_only}
+        """The job's state; before this studio has run one, where a tracking of the store
+        stopped short of its end (a studio or command killed or cancelled), as the state
+        "interrupted" with its frames done and to do."""
+        now = {**self.job.snapshot(), "version": self.version, "read_only": self.read_only}
+        if now["state"] == "idle" and not self.decoding and not self.read_only:
+            stopped = self._stopped()
+            if stopped is not None:
+                done, total = stopped
+                message = f"tracking interrupted at {done}/{total} frames: Track resumes it"
+                now.update(state="interrupted", kind="track", done=done, total=total)
+                now["message"] = message
+        return now
+
+    def _stopped(self) -> tuple[int, int] | None:
+        """(frames tracked, frames to track) of the store's tracking where it stopped short
+        of its end, else None: read once per version of what the tabs see."""
+        if self._stop_seen[0] != self.version:
+            store = self.store()
+            known = "frame_count" in store.attrs and stored_settings(store) is not None
+            tracked = tracked_frames(store) if known else None
+            stopped = tracked if tracked and tracked[0] < tracked[1] else None
+            self._stop_seen = (self.version, stopped)
+        return self._stop_seen[1]
 
     def bump(self) -> None:
         with self.changed:

@@ -15,7 +15,12 @@ const S = {
 window.studio = S; // read by the tests (and handy in the console)
 
 async function api(path, options = {}) {
-  const response = await fetch("api/" + path, options);
+  let response;
+  try {
+    response = await fetch("api/" + path, options);
+  } catch (e) { // no answer at all: the server is gone (the banner says so too)
+    throw new Error("segpipe studio's server does not answer: start it again, the page reconnects");
+  }
   if (!response.ok) {
     let message = `${response.status} ${response.statusText}`;
     try { message = (await response.json()).error || message; } catch (e) { /* not JSON */ }
@@ -381,6 +386,7 @@ function showProgress(p) {
       : p.done ? `${p.kind}: ${p.done} frames` : `${p.kind}...`,
     done: p.message || (tracking ? `tracked ${p.total} frames` : "done"),
     cancelled: p.message,
+    interrupted: p.message,
     failed: `failed: ${p.message}`,
   }[p.state];
   $("progress").textContent = text;
@@ -388,8 +394,28 @@ function showProgress(p) {
   document.body.dataset.runs = p.runs;
 }
 
+// The server's events: a lost connection shows a banner (and the last progress is no longer
+// shown as under way); the browser reconnects by itself, and the page then loads what the
+// server has (a restarted server's tracking says where it stopped).
+function connected(ok) {
+  if (!ok && document.body.dataset.connection !== "lost") {
+    $("progress").textContent = "";
+    document.body.dataset.job = "unknown";
+  }
+  document.body.dataset.connection = ok ? "ok" : "lost";
+  $("connection").hidden = ok;
+}
+
 function listen() {
   const events = new EventSource("api/events");
+  events.onopen = () => {
+    if (document.body.dataset.connection === "lost") S.version = -1; // reload all it has
+    connected(true);
+  };
+  events.onerror = () => {
+    connected(false);
+    if (events.readyState === EventSource.CLOSED) setTimeout(listen, 2000); // it gave up
+  };
   events.onmessage = (m) => {
     const p = JSON.parse(m.data);
     showProgress(p);
