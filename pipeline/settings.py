@@ -12,9 +12,8 @@ store's record; `defaults.resolve` takes the store's decoding, encoding and outp
   starting over, another environment); never recorded in the store.
 
 The API takes them as objects (`segpipe.run(video, store, prompts, decoding=Decoding(...),
-...)`), the command line builds them from its options (`from_options`), and the stages below
-the API read their fields (the stages' own keywords are still loose: see
-docs/architecture.md).
+...)`), the command line builds them from its options (`from_options`), and the encode and
+track stages take them too (see docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ on the shape and are recomputed by the tracker.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from segpipe.store.layout import require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import drop, has, keep_setting, restored
 from segpipe.store.runstore import RunStore
+
+if TYPE_CHECKING:
+    from segpipe.stages.executor import Executor
 
 STAGE = "encode"
 # SAM 2's frame loader normalisation (sam2.utils.misc.load_video_frames)
@@ -104,7 +108,7 @@ def encode(
     predictor=None,
     chunks: list[int] | None = None,
     space=None,
-    cluster=None,
+    cluster: Executor | None = None,
 ) -> RunStore:
     """Encode every decoded chunk not yet encoded (or only `chunks`) with `encoding` (its
     model and dtype None: `DEFAULTS`; its precision None: the store's, else the device's),

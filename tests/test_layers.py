@@ -66,6 +66,7 @@ LAYERS = {
     # the four stages: each reads its inputs from the store and writes its outputs to it
     "stages": [
         "segpipe.stages",
+        "segpipe.stages.executor",
         "segpipe.stages.decode",
         "segpipe.stages.alongside",
         "segpipe.stages.encode",

@@ -36,8 +36,8 @@ def as_schema_4(store: Path) -> None:
 
 
 def without_attributes(digest: dict) -> dict:
-    """A store's `tree_digest` but its group attributes (and a killed write's leftover)."""
-    return {k: v for k, v in digest.items() if k != "zarr.json" and not k.endswith(".partial")}
+    """A store's `tree_digest` but its group attributes."""
+    return {k: v for k, v in digest.items() if k != "zarr.json"}
 
 
 def work_digest(store: Path) -> dict:
@@ -49,7 +49,7 @@ import sys
 sys.path.insert(0, "tests")
 import kill_points
 
-kill_points.mid_write(sys.argv[1], 1, chunks=False)  # halfway through the new zarr.json
+kill_points.mid_write(sys.argv[1], 1, chunks=False)  # halfway through its first file write
 kill_points.cli(sys.argv[2:])
 """
 
@@ -79,7 +79,13 @@ def test_a_schema_4_store_stopped_mid_run_is_migrated_and_the_run_goes_on(small,
     old = tree_digest(store)
 
     # every command refuses it in one line that says how to go on, and changes nothing
-    for args in (run_args(small, store), ("status", "--store", store)):
+    for args in (
+        run_args(small, store),
+        ("status", "--store", store),
+        ("track", "--store", store),
+        ("export", "--store", store, "--format", "davis", "--out", tmp_path / "d"),
+        ("repair", "--store", store),
+    ):
         assert_user_error(
             segpipe(*args),
             f"store {store} has schema version 4",
@@ -88,9 +94,10 @@ def test_a_schema_4_store_stopped_mid_run_is_migrated_and_the_run_goes_on(small,
         )
     assert tree_digest(store) == old
 
-    # killed halfway through writing the converted attributes: the store is as it was
+    # killed halfway through writing the converted attributes (the first file it writes
+    # in the store): the store is as it was, but for the half-written temp file
     killed = spawn(
-        [f"{store}/zarr.", "migrate", "--store", store],
+        [f"{store}/", "migrate", "--store", store],
         code=KILLED_MID_WRITE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -98,13 +105,14 @@ def test_a_schema_4_store_stopped_mid_run_is_migrated_and_the_run_goes_on(small,
     killed.communicate(timeout=120)
     assert killed.returncode == -9  # the kill landed
     assert tree_digest(store)["zarr.json"] == old["zarr.json"]
-    assert list(store.glob("zarr.*.partial")), "the kill landed before the write began"
+    assert set(tree_digest(store)) - set(old), "the kill landed before the write began"
     assert json.loads((store / "zarr.json").read_text())["attributes"]["schema_version"] == 4
 
     done = segpipe("migrate", "--store", store, check=True)
     assert f"migrate: {store} converted from schema version 4 to 5" in done.stdout
     assert zarr.open_group(str(store), mode="r").attrs.asdict() == made  # every setting
     assert work_digest(store) == without_attributes(old)  # frames, features, memory, masks
+    assert set(tree_digest(store)) == set(old)  # the killed write's temp file removed
     again = segpipe("migrate", "--store", store, check=True)
     assert "at schema version 5 already" in again.stderr
 
@@ -133,3 +141,11 @@ def test_migrate_refuses_what_it_cannot_convert(small, tmp_path):
     assert tree_digest(store) == before
     (tmp_path / "empty").mkdir()
     assert_user_error(segpipe("migrate", "--store", tmp_path / "empty"), "no segpipe store")
+    assert list((tmp_path / "empty").iterdir()) == []
+    other = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")  # a zarr group, not ours
+    other.attrs["format"] = "something else"
+    before = tree_digest(tmp_path / "other.zarr")
+    assert_user_error(segpipe("migrate", "--store", tmp_path / "other.zarr"), "not a segpipe store")
+    assert tree_digest(tmp_path / "other.zarr") == before
+    (store / "zarr.json").write_text("{not json")
+    assert_user_error(segpipe("migrate", "--store", store), "cannot be read")

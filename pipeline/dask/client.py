@@ -34,8 +34,8 @@ POLL = 0.25  # seconds between looks at the futures (and, while tracking, at the
 
 @contextmanager
 def connect(execution: Execution, store=None, paths=()):
-    """A `Cluster` for the command, or None where `execution` (checked) names no `workers`
-    and no `scheduler`. With `store`, this process holds the store's lock for as long
+    """A `Cluster` for the command, or None where `execution` (checked by the caller:
+    `Execution.check`) names no `workers` and no `scheduler`. With `store`, this process holds the store's lock for as long
     (taken here, or already held), and the workers write under it. Workers that compute in
     different environments are refused (`Cluster.check_bits`), unless
     `execution.allow_env_change`."""
@@ -220,7 +220,8 @@ def _dashboard(client, workers: int | None) -> str:
 
 
 class Cluster:
-    """The client, and the futures it waits for."""
+    """The client, and the futures it waits for: the stages' `stages.executor.Executor` on
+    Dask's workers."""
 
     def __init__(self, client, threads: int, local: bool = False, own: int | None = None):
         self.client, self.threads, self.local = client, threads, local

@@ -78,12 +78,10 @@ class RunStore:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(
-        cls, path, read_only: bool = False, lease: str | None = None, schema: int = SCHEMA_VERSION
-    ) -> "RunStore":
+    def open(cls, path, read_only: bool = False, lease: str | None = None) -> "RunStore":
         """The store at `path`; `lease`: the token of the client's lock a Dask task writes
-        under (every write checks it). A store of another `schema` than this segpipe's is
-        refused (in one line saying how to go on), unless `schema` names it (`migrate`)."""
+        under (every write checks it). A store of another schema than this segpipe's is
+        refused in one line saying how to go on (`segpipe migrate`, where it converts it)."""
         path = Path(path)
         if path.is_file():
             raise BadInput(f"store path {path} is a file, not a segpipe store directory")
@@ -101,7 +99,7 @@ class RunStore:
         if group.attrs.get("format") != FORMAT_NAME:
             raise BadInput(f"{path} is a zarr group but not a segpipe store")
         version = group.attrs.get("schema_version")
-        if version != schema:
+        if version != SCHEMA_VERSION:
             how = (
                 f"`segpipe migrate --store {path}` converts it in place, keeping its frames, "
                 f"features, memory and masks"

@@ -121,7 +121,8 @@ class VideoRunner:
 
     def __init__(self, options: Options, output_mask_dir: Path, work_dir: Path, quiet: bool):
         self.options, self.out, self.work, self.quiet = options, output_mask_dir, work_dir, quiet
-        self.execution = replace(options.execution, progress=not quiet)  # each stage's
+        # each stage's: quiet where the table is the result, resuming, one group of objects
+        self.execution = replace(options.execution, progress=not quiet, force=False, groups=None)
 
     def model(self, image_size: int, device: str):
         """One predictor per image size (stores made earlier may have another)."""

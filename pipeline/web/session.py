@@ -57,9 +57,10 @@ class Studio:
     ):
         self.path, self.device = resolved(store), execution.device
         # the model a store not yet encoded is encoded with (as `encode` takes it), and
-        # where Track computes (quietly; `allow_env_change`: in another environment too)
-        self.encoding = encoding.filled()
-        self.execution = replace(execution, progress=False)
+        # where Track computes (quietly, resuming, in one group; `allow_env_change`: in
+        # another environment too)
+        self.encoding = encoding.check().filled()
+        self.execution = replace(execution, progress=False, force=False, groups=None)
         self._stop_seen = (None, None)  # (version, where a tracking stopped): `progress`
         self._previewer = None  # made on the first preview or Track (or `warm`): torch then
         self._warmed = False

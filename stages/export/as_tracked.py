@@ -4,6 +4,7 @@ it has committed it (`run` and the dataset command), the rest at the finish."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from segpipe.plan import Span, passes
 from segpipe.stages.export.stage import Export
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import stored_track
+
+if TYPE_CHECKING:
+    from segpipe.stages.executor import Executor
 
 
 class ExportsAsTracked:
@@ -22,7 +26,7 @@ class ExportsAsTracked:
     complete. `requests`: each export's `Export` arguments (format, out, ...). With
     `cluster` (`segpipe.dask.client`), each chunk is exported by a Dask task (`segpipe.dask.tasks`)."""
 
-    def __init__(self, store_path, requests: list[dict], cluster=None):
+    def __init__(self, store_path, requests: list[dict], cluster: Executor | None = None):
         self.store_path, self.requests, self.cluster = Path(store_path), requests, cluster
         self.jobs = None
         self.worked = False  # a chunk tracked or exported while this ran

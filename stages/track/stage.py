@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from segpipe.store.tracking import (
     stored_prompts,
     stored_settings,
 )
+
+if TYPE_CHECKING:
+    from segpipe.stages.executor import Executor
 
 
 def tracking_settings(prompts: list, direction: str, options: dict, window=None) -> dict:
@@ -132,7 +136,7 @@ def track(
     *,
     predictor=None,
     on_commit=None,
-    cluster=None,
+    cluster: Executor | None = None,
     space=None,
     draft: bool = True,
 ) -> RunStore:
@@ -153,6 +157,7 @@ def track(
     (`segpipe.dask.tasks`). `space` (`segpipe.space.SpaceGuard`, `run`'s) is asked before
     the first write, when there is work to do."""
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
+    encoding.check()
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
