@@ -79,10 +79,14 @@ STAGE_GROUPS = {
 def model_sizes(model: str | None) -> Sizes:
     """`model`'s sizes, as its family gives them (`ModelFamily.sizes`: widths, memory
     lengths, feature levels); before a model is chosen, the default model's family's."""
+    from segpipe.errors import BadInput
     from segpipe.models.registry import family_of
     from segpipe.settings import DEFAULTS
 
-    return family_of(model or DEFAULTS["model"]).sizes(model)
+    try:
+        return family_of(model or DEFAULTS["model"]).sizes(model)
+    except BadInput:  # a model this installation does not know (a store from elsewhere)
+        return family_of(DEFAULTS["model"]).sizes(None)
 
 
 # Calibration (measured on the test clips, random weights, 256 float32 and 512 bfloat16).

@@ -24,6 +24,8 @@ def resolve_weights(model: str, checkpoint: str | None, random_seed: int | None)
     family = family_of(model)
     if checkpoint is not None and random_seed is not None:
         raise BadInput("give either --checkpoint or --random-weights, not both")
+    if checkpoint is not None and checkpoint.startswith("hf:") and not family.checkpoints_from_hub:
+        raise BadInput(f"{model} takes no hf: checkpoint: give a checkpoint file")
     return family.weights(model, checkpoint, random_seed)
 
 

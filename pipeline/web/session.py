@@ -426,27 +426,43 @@ class Studio:
     def progress(self) -> dict:
         """The job's state; before this studio has run one, where a tracking of the store
         stopped short of its end (a studio or command killed or cancelled), as the state
-        "interrupted" with its frames done and to do."""
+        "interrupted" with its frames done and to do, and what goes on from there."""
         now = {**self.job.snapshot(), "version": self.version, "read_only": self.read_only}
         if now["state"] == "idle" and not self.decoding and not self.read_only:
             stopped = self._stopped()
             if stopped is not None:
-                done, total = stopped
-                message = f"tracking interrupted at {done}/{total} frames: Track resumes it"
+                done, total, message = stopped
                 now.update(state="interrupted", kind="track", done=done, total=total)
                 now["message"] = message
         return now
 
-    def _stopped(self) -> tuple[int, int] | None:
-        """(frames tracked, frames to track) of the store's tracking where it stopped short
-        of its end, else None: read once per version of what the tabs see."""
-        if self._stop_seen[0] != self.version:
-            store = self.store()
-            known = "frame_count" in store.attrs and stored_settings(store) is not None
-            tracked = tracked_frames(store) if known else None
-            stopped = tracked if tracked and tracked[0] < tracked[1] else None
-            self._stop_seen = (self.version, stopped)
+    def _stopped(self) -> tuple[int, int, str] | None:
+        """(frames tracked, frames to track, what to say) of the store's tracking where it
+        stopped short of its end, else None: read again when the tabs' view changes, and at
+        most every 2 s otherwise (another process may track on meanwhile)."""
+        key = (self.version, int(time.monotonic() // 2))
+        if self._stop_seen[0] != key:
+            self._stop_seen = (key, self._where_tracking_stopped(self.store()))
         return self._stop_seen[1]
+
+    def _where_tracking_stopped(self, store: RunStore) -> tuple[int, int, str] | None:
+        settings = stored_settings(store)
+        if "frame_count" not in store.attrs or settings is None:
+            return None
+        done, total = tracked_frames(store)
+        if done >= total:
+            return None
+        said = f"tracking interrupted at {done}/{total} frames"
+        try:
+            same = prompt_file.digest(self.prompts()) == settings["prompts_sha256"]
+        except SegpipeError:
+            same = False
+        if not same:
+            return done, total, f"{said}, with other prompts than these: Track starts over"
+        if "frames" in settings:  # a window: Track (the whole video) would start over
+            lo, hi = settings["frames"]
+            return done, total, f"{said} of frames {lo}..{hi - 1}: track them again to resume"
+        return done, total, f"{said}: Track resumes it"
 
     def bump(self) -> None:
         with self.changed:

@@ -34,6 +34,7 @@ from segpipe.model import (
     resolve_weights,
     tracking_options,
 )
+from segpipe.models.registry import family_of
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
@@ -162,6 +163,8 @@ def track(
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
     plan, spec, prompts = _track_inputs(store, prompts, draft)
+    if not family_of(spec["name"]).tracks_with_segpipe:
+        raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
     weights, seed = embeddings_weights(store, spec, checkpoint)
     resolved = (tracking or Tracking()).resolve(store, prompts)
     direction, options, window = resolved.direction, resolved.options, resolved.window

@@ -576,6 +576,8 @@ async function decoded() {
   $("help-button").onclick = () => { $("help").hidden = !$("help").hidden; };
   await new Promise((resolve) => {
     const events = new EventSource("api/events");
+    events.onopen = () => connected(true);
+    events.onerror = () => connected(false); // (the browser reconnects: the page reloads then)
     events.onmessage = (m) => {
       const p = JSON.parse(m.data);
       if (p.kind !== "decode") return;
