@@ -139,8 +139,8 @@ def _positive(name: str, value) -> None:
 @dataclass(frozen=True)
 class Encoding:
     """The model and how it encodes (None: the store's, else `DEFAULTS`): `model` (a name of
-    `segpipe.model.MODELS`), its weights (`checkpoint`: an official checkpoint file, a
-    folder, or "hf:facebook/sam2.1-hiera-tiny"; or `random_weights=SEED`, tests and demos
+    `segpipe.model.MODELS`), its weights (`checkpoint`: an official checkpoint file, or
+    "hf:facebook/sam2.1-hiera-tiny"; or `random_weights=SEED`, tests and demos
     only), `batch_size` frames through the image encoder at once, `embedding_dtype` of the
     stored features, `precision` ("bfloat16": SAM 2 under bfloat16 autocast, the default on
     CUDA; "float32" elsewhere)."""
@@ -158,7 +158,9 @@ class Encoding:
         if self.embedding_dtype is not None and self.embedding_dtype not in DTYPES:
             raise BadInput(f"--embedding-dtype must be one of {', '.join(DTYPES)}")
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise BadInput(f"--precision must be one of {', '.join(PRECISIONS)}")
+            raise BadInput(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
         return self
 
     def filled(self) -> "Encoding":
