@@ -47,8 +47,10 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     decoding, encoding, output = defaults.resolve(
         store, "run", execution.quiet, decoding, encoding, output
     )
-    resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)  # none: said now
-    decoding = defaults.sized(decoding, encoding, execution, "run")
+    if decoding.image_size is None:  # (`sized` finds the weights: none, said now)
+        decoding = defaults.sized(decoding, encoding, execution, "run")
+    else:  # no weights: said now, before anything is written
+        resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
     return Settings(decoding, encoding, settings.tracking, output, execution)
 
 

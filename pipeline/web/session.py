@@ -61,7 +61,8 @@ class Studio:
         # another environment too)
         self.encoding = encoding.check().filled()
         self.execution = replace(execution, progress=False, force=False, groups=None)
-        self._stop_seen = (None, None)  # (version, where a tracking stopped): `progress`
+        self._stop_seen = (None, None)  # (when, where a tracking stopped): `progress`
+        self._same_seen = (None, None)  # (version, the page's prompts are the tracked ones)
         self._previewer = None  # made on the first preview or Track (or `warm`): torch then
         self._warmed = False
         self.entries, self.seen, self.direction = [], None, "both"
@@ -445,6 +446,17 @@ class Studio:
             self._stop_seen = (key, self._where_tracking_stopped(self.store()))
         return self._stop_seen[1]
 
+    def _tracked_prompts(self, settings: dict) -> bool:
+        """Whether the page's prompts are those of the store's tracking (`settings`): read
+        once per version (the page's prompts change only with it; masks are decoded)."""
+        if self._same_seen[0] != self.version:
+            try:
+                same = prompt_file.digest(self.prompts()) == settings["prompts_sha256"]
+            except SegpipeError:
+                same = False
+            self._same_seen = (self.version, same)
+        return self._same_seen[1]
+
     def _where_tracking_stopped(self, store: RunStore) -> tuple[int, int, str] | None:
         settings = stored_settings(store)
         if "frame_count" not in store.attrs or settings is None:
@@ -453,11 +465,7 @@ class Studio:
         if done >= total:
             return None
         said = f"tracking interrupted at {done}/{total} frames"
-        try:
-            same = prompt_file.digest(self.prompts()) == settings["prompts_sha256"]
-        except SegpipeError:
-            same = False
-        if not same:
+        if not self._tracked_prompts(settings):
             return done, total, f"{said}, with other prompts than these: Track starts over"
         if "frames" in settings:  # a window: Track (the whole video) would start over
             lo, hi = settings["frames"]
