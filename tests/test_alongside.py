@@ -60,41 +60,56 @@ def staged(small, tmp_path_factory):
 
 @pytest.mark.parametrize("keep", ["all", "masks"])
 def test_the_tracking_starts_while_the_video_decodes(small, staged, tmp_path, keep):
-    """Timestamps from a real run: decode's commit of the last chunk is held until a frame
-    has been tracked. Were the video decoded before the tracking, nothing could be tracked
-    while the commit is held, and the held commit would give up (the run fails). The first
-    frame is tracked on the main thread, the chunk committed on another, after it; the
+    """Timestamps from a real run: decode is held before it writes the last chunk until the
+    forward pass has committed chunk 2 (no other pass visits it: it could be exported).
+    Were the video decoded before the tracking, nothing could be tracked while the commit
+    is held, and the held commit would give up (the run fails). The first frame is tracked
+    on the main thread, the chunk committed on another, after it. No chunk is exported
+    before the video is decoded (the overlay's frame times are the whole video's); the
     results are those of a run on a store decoded first, and SAM 2's."""
+    from segpipe.stages.export.as_tracked import ExportsAsTracked
+    from segpipe.stages.export.stage import Export
     from segpipe.stages.track.tracker import Tracker
     from segpipe.store.runstore import RunStore
 
     commit, track_frame = RunStore.commit, Tracker.track_frame
-    tracked = threading.Event()
+    committed, export_chunk = ExportsAsTracked.committed, Export.chunk
+    exportable = threading.Event()
     seen = {}
 
     def held_commit(self, stage, chunk, *args, **kwargs):
-        if stage == "decode" and chunk == LAST:
-            assert tracked.wait(120), "nothing was tracked before the whole video was decoded"
         commit(self, stage, chunk, *args, **kwargs)
         if stage == "decode":
             seen["decode", chunk] = (time.perf_counter(), threading.get_ident())
+        if stage == "decode" and chunk == LAST - 1:  # (the last chunk not yet written)
+            assert exportable.wait(120), "nothing was tracked before the whole video was decoded"
 
     def timed_frame(self, f, *args):
         out = track_frame(self, f, *args)
         seen.setdefault("first tracked", (time.perf_counter(), threading.get_ident()))
-        tracked.set()
         return out
 
+    def watched_commit(self, direction, k):
+        committed(self, direction, k)
+        if (direction, k) == ("forward", 2):
+            exportable.set()
+
+    def timed_export(self, k, *args, **kwargs):
+        seen.setdefault("first exported", time.perf_counter())
+        return export_chunk(self, k, *args, **kwargs)
+
     RunStore.commit, Tracker.track_frame = held_commit, timed_frame
+    ExportsAsTracked.committed, Export.chunk = watched_commit, timed_export
     try:
         store = tmp_path / "run.zarr"
         run_in_process(small, store, keep=keep)
     finally:
         RunStore.commit, Tracker.track_frame = commit, track_frame
+        ExportsAsTracked.committed, Export.chunk = committed, export_chunk
     first, tracker = seen["first tracked"]
     last, decoder = seen["decode", LAST]
     assert tracker == threading.main_thread().ident != decoder
-    assert first < last
+    assert first < last < seen["first exported"]
     assert zarr.open_group(str(store), mode="r").attrs["frame_count"] == 24
     # (under --keep masks, no frames or features kept, nor their ledgers)
     skip = ("frames", "features", "ledger/") if keep == "masks" else ()

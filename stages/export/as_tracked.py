@@ -1,5 +1,6 @@
 """Exports that follow the tracking: chunk k is exported as soon as every pass that visits
-it has committed it (`run` and the dataset command), the rest at the finish."""
+it has committed it and the video is decoded (`run` and the dataset command), the rest at
+the finish."""
 
 from __future__ import annotations
 
@@ -28,13 +29,14 @@ class ExportsAsTracked:
 
     def __init__(self, store_path, requests: list[dict], cluster: Executor | None = None):
         self.store_path, self.requests, self.cluster = Path(store_path), requests, cluster
-        self.jobs = None
+        self.jobs = self.visited = None
+        self.ready: list[int] = []  # chunks every pass has committed, to export once decoded
         self.worked = False  # a chunk tracked or exported while this ran
 
-    def open(self) -> list[Export]:
-        if self.jobs is None:
+    def _passes(self) -> None:
+        """The chunks each pass visits, and those it has committed."""
+        if self.visited is None:
             store = RunStore.open(self.store_path)
-            self.jobs = [Export(store, tracking=True, **r) for r in self.requests]
             track = stored_track(store)
             plan = store.plan
             self.visited = {
@@ -44,19 +46,35 @@ class ExportsAsTracked:
             self.committed_chunks = {
                 d: set(np.nonzero(store.pass_ledger(d).done())[0].tolist()) for d in self.visited
             }
+
+    def open(self) -> list[Export]:
+        """The exports; made once the video is decoded (`decoded`): a writer reads what
+        decode records for the whole video (the overlay's frame times)."""
+        if self.jobs is None:
+            store = RunStore.open(self.store_path)
+            self.jobs = [Export(store, tracking=True, **r) for r in self.requests]
         return self.jobs
+
+    def decoded(self) -> bool:
+        """Whether decode has recorded the frame count (complete); not while the video
+        decodes alongside the tracking (`stages.alongside`)."""
+        return RunStore.open(self.store_path).attrs.get("frame_count") is not None
 
     def committed(self, direction: str, k: int) -> None:
         self.worked = True
-        jobs = self.open()
+        self._passes()
         self.committed_chunks[direction].add(k)
         if all(k in self.committed_chunks[d] for d, chunks in self.visited.items() if k in chunks):
-            for n, job in enumerate(jobs):
-                if k in job.chunks and k in job.todo():
-                    if self.cluster is None:
-                        job.chunk(k)
-                    else:
-                        self.cluster.export(job, self.requests[n], k)
+            self.ready.append(k)
+        if self.ready and (self.jobs is not None or self.decoded()):
+            jobs, ready, self.ready = self.open(), self.ready, []
+            for k in ready:
+                for n, job in enumerate(jobs):
+                    if k in job.chunks and k in job.todo():
+                        if self.cluster is None:
+                            job.chunk(k)
+                        else:
+                            self.cluster.export(job, self.requests[n], k)
 
     def finish(self, quiet: bool) -> list[Path]:
         if self.cluster is not None:  # what is left goes to the workers; the finish is here
