@@ -30,12 +30,24 @@ from segpipe.errors import (
 # (or any module of the package) loads no more than that module needs
 _LAZY = {
     **dict.fromkeys(
-        ["run", "decode", "encode", "track", "export", "repair", "migrate", "studio", "dataset"],
+        [
+            "run",
+            "decode",
+            "encode",
+            "track",
+            "label",
+            "export",
+            "repair",
+            "migrate",
+            "studio",
+            "dataset",
+        ],
         "segpipe.api",
     ),
     **dict.fromkeys(["evaluate", "open"], "segpipe.api"),
     "Run": "segpipe.results",
     "Prompt": "segpipe.prompts",
+    "Label": "segpipe.labels",
     **dict.fromkeys(
         ["Decoding", "Encoding", "Tracking", "Output", "Execution"], "segpipe.settings"
     ),
@@ -84,6 +96,9 @@ __all__ = [
     "export",
     "repair",
     "migrate",
+    # naming the objects
+    "label",
+    "Label",
     # the browser studio over a store
     "studio",
     # datasets (SAM 2's vos_inference) and their DAVIS J&F

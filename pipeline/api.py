@@ -1,4 +1,4 @@
-"""The Python API: the four stages, `run`, `repair`, `dataset`, `studio` and `open`.
+"""The Python API: the four stages, `run`, `label`, `repair`, `dataset`, `studio` and `open`.
 
 Each call takes its inputs and the settings objects of `segpipe.settings` it uses
 (`Decoding`, `Encoding`, `Tracking`, `Output`, `Execution`; each field None: the store's
@@ -152,6 +152,27 @@ def track(
     execution = (execution or Execution()).check()
     with connect(execution, store, [encoding.checkpoint]) as cluster:
         track_stage(store, prompts, tracking, encoding, execution, cluster=cluster)
+    return Run(store)
+
+
+def label(store, labels, *, replace: bool = False) -> Run:
+    """Name the store's objects (and give them a class): `labels`, a labels file path or a
+    list of `segpipe.Label`s (or the file's entries), `{"objects": [{"id": 1, "name": "left
+    mouse", "class": "mouse"}]}` (see `segpipe.labels`). Recorded over the store's labels of
+    other ids (`replace`: the store then holds only these). No tracking is redone; the
+    exports that show names (CVAT, vis-json, DAVIS's labels.json) are redone when next made.
+    A prompts file's "objects" are recorded as `track` and `run` take its prompts.
+
+    Example:
+        >>> segpipe.label("clip.zarr", [segpipe.Label(1, "left mouse", "mouse")])
+    """
+    from segpipe.labels import load
+    from segpipe.store.labels import save
+    from segpipe.store.lock import store_lock
+
+    given = load(labels)  # checked before the store is touched
+    with store_lock(store):
+        save(RunStore.open(store), given, replace=replace)
     return Run(store)
 
 

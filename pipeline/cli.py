@@ -12,6 +12,7 @@ import click
 
 from segpipe import api, interrupt, log
 from segpipe.errors import SegpipeError, os_error_line
+from segpipe.labels import load as load_labels
 from segpipe.settings import (
     DEFAULTS,
     DTYPES,
@@ -359,6 +360,15 @@ def encode(store, **options):
     show_default="the store's: segpipe studio's saved prompts, else the last tracked",
     help="Prompts JSON (see README, 'Prompts file').",
 )
+@click.option(
+    "--labels",
+    "labels",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Names and classes of the objects, recorded once the tracking is done: a JSON file "
+    '{"objects": [{"id": 1, "name": "left mouse", "class": "mouse"}]} (a prompts file '
+    "may carry the same list). Exports show them; no tracking is redone for them.",
+)
 @DIRECTION
 @WINDOW
 @mask_options
@@ -370,7 +380,7 @@ def encode(store, **options):
 @FORCE_AGAIN
 @ALLOW_ENV_CHANGE
 @QUIET
-def track(store, prompts, **options):
+def track(store, prompts, labels, **options):
     """Track the prompted objects through the video from the stored embeddings (on Dask
     workers: the forward and reverse passes, and groups of objects, side by side).
 
@@ -378,9 +388,13 @@ def track(store, prompts, **options):
     Example:
       segpipe track --store clip.zarr --prompts prompts.json --direction both
       segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2 --groups 3
+      segpipe track --store clip.zarr --labels names.json
     """
     with writing(store):
+        named = None if labels is None else load_labels(labels)  # checked before any write
         api.track(store, prompts, **from_options(options, Tracking, Encoding, Execution))
+        if named is not None:
+            api.label(store, list(named.values()))
 
 
 class ExportFormats(click.Choice):

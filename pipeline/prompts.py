@@ -4,14 +4,16 @@ They come as a file, as the file's entries (a list of dicts) or as `Prompt` obje
 {"prompts": [{"object": 1, "frame": 3, "points": [[x, y], ...], "labels": [1, 0, ...]},
              {"object": 2, "frame": 9, "box": [x0, y0, x1, y1]},
              {"object": 3, "frame": 12, "mask": "obj3.png"},
-             {"frame": 0, "id_mask": "annotations/00000.png"}]}
+             {"frame": 0, "id_mask": "annotations/00000.png"}],
+ "objects": [{"id": 1, "name": "left mouse", "class": "mouse"}]}
 Pixel coordinates of the original video; labels 1 positive / 0 negative; a mask is a PNG
 the size of the video (non-zero = object), relative to the prompts file, or inline as a
 `data:image/png;base64,...` URI (what segpipe studio saves; in Python also a numpy
 array). An `id_mask` is a single-channel PNG whose pixel values are object ids (a DAVIS
 annotation): one mask prompt per non-zero id on it, lowest id first, as SAM 2's
 vos_inference adds them; ids are read at the image's depth (`read_id_mask`: 8-bit palette
-or grey, 1..255; 16-bit grey, 1..65535). Applied in order.
+or grey, 1..255; 16-bit grey, 1..65535). Applied in order. "objects", optional, names
+the objects (`segpipe.labels`; not part of what is tracked).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from PIL import Image
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import regular_file
+from segpipe.labels import parse as parse_labels
 from segpipe.limits import (
     MAX_MASK_PIXELS,
     MAX_OBJECT_ID,
@@ -146,11 +149,15 @@ def load(source, frame_count: int, width: int, height: int) -> list[Prompt]:
 
 def _load_file(path: Path, frame_count: int, width: int, height: int) -> list[Prompt]:
     doc = read_json_file(path, "prompts file")
-    if not isinstance(doc, dict) or set(doc) != {"prompts"}:
-        raise BadInput(f'prompts file {path} must be an object with the single key "prompts"')
+    if not isinstance(doc, dict) or set(doc) - {"objects"} != {"prompts"}:
+        raise BadInput(
+            f'prompts file {path} must be an object with the key "prompts" '
+            f'(and, naming the objects, "objects")'
+        )
     entries = doc["prompts"]
     if not isinstance(entries, list) or not entries:
         raise BadInput(f"prompts file {path} has an empty prompt list")
+    parse_labels(doc.get("objects", []), f"prompts file {path}")  # checked before any write
     return _parsed(entries, path.parent, frame_count, width, height)
 
 

@@ -66,6 +66,14 @@ class Run:
         return list(self._tracking()["object_ids"])
 
     @property
+    def labels(self) -> dict:
+        """The objects' names and classes (`segpipe.Label`), by object id: those named, and
+        those segpipe studio added before their first prompt (`segpipe.label`)."""
+        from segpipe.store.labels import stored
+
+        return stored(self._store)
+
+    @property
     def scores(self) -> np.ndarray:
         """(frames, objects) float32: SAM 2's object score logit, NaN where untracked."""
         self._tracking()

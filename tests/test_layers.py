@@ -21,6 +21,7 @@ LAYERS = {
         "segpipe.interrupt",
         "segpipe.behind",
         "segpipe.plan",
+        "segpipe.labels",
         "segpipe.prompts",
     ],
     # the source kinds (a video file, a frame folder, a TIFF stack) and their registry
@@ -47,6 +48,7 @@ LAYERS = {
         "segpipe.store.retention",
         "segpipe.store.masks",
         "segpipe.store.tracking",
+        "segpipe.store.labels",
         "segpipe.store.source",
         "segpipe.settings",
     ],

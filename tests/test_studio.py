@@ -428,6 +428,9 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
             400,
             "mask",
         ),
+        ("PUT", "api/labels", {"objects": [{"id": 0}]}, 400, "id must be an integer"),
+        ("PUT", "api/labels", {"objects": [{"id": 1, "name": "a\nb"}]}, 400, "control"),
+        ("PUT", "api/labels", {"labels": []}, 400, '{"objects"'),
         ("POST", "api/track", {"direction": "sideways"}, 400, "direction"),
         ("POST", "api/track", {"frames": [5, 2]}, 400, "holds no frame"),
         ("POST", "api/track", {"frames": "10:18"}, 400, "frames must be [a, b]"),
@@ -1006,6 +1009,68 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
         assert tinted(page, PALETTE[1]).sum() == 0 and tinted(page, PALETTE[2]).sum() > 20
         page.keyboard.press("h")  # shown again
         assert tinted(page, PALETTE[1]).sum() > 20
+        assert not page.errors, page.errors
+        page.close()
+    finally:
+        server.stop()
+
+
+def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
+    browser, store, small, tmp_path
+):
+    """Issue 47 item 2 in the page: the selected object's name and class are typed in,
+    "+ object" adds one before its first prompt; both are in the store (a reload, and
+    `segpipe.open`, see them); the page's CVAT, vis-json and DAVIS exports carry the names
+    and classes, and the prompts file it downloads names the objects too."""
+    import segpipe
+    from segpipe.web.server import StudioServer
+
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    segpipe.track(store, entries, execution=segpipe.Execution(progress=False))
+    server = StudioServer(store, port=0).start()
+    try:
+        page = open_page(browser, server.url)
+        page.click("#objects button[data-object='2']")
+        page.fill("#object-name", "the circle")
+        page.press("#object-name", "Tab")
+        page.fill("#object-class", "circle")
+        page.press("#object-class", "Tab")
+        page.wait_for_function("studio.labels.get(2)?.class === 'circle'")
+        page.click("#add-object")
+        page.wait_for_selector("#objects button[data-object='3']")
+        page.reload()
+        page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+        assert page.evaluate(
+            "[...document.querySelectorAll('#objects button')].map(b => b.textContent)"
+        ) == ["1", "2 the circle", "3"]
+        page.click("#objects button[data-object='2']")
+        assert page.input_value("#object-name") == "the circle"
+        assert page.input_value("#object-class") == "circle"
+        assert segpipe.open(store).labels == {
+            2: segpipe.Label(2, "the circle", "circle"),
+            3: segpipe.Label(3),
+        }
+        for fmt in ("cvat", "vis-json", "davis"):
+            page.select_option("#export-format", fmt)
+            runs = page.evaluate("Number(document.body.dataset.runs)")
+            page.click("#export")
+            page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=60_000)
+        out = store.with_name("clip.export")
+        xml = (out / "annotations.xml").read_text()
+        assert '<track id="1" label="circle"' in xml and xml.count(">the circle</attribute>") == 24
+        assert '<track id="0" label="object 1"' in xml
+        vis = json.loads((out / "masks.json").read_text())
+        assert [c["name"] for c in vis["categories"]] == ["object", "circle"]
+        assert [a.get("name") for a in vis["annotations"]] == [None, "the circle"]
+        davis = json.loads((out / "davis" / "labels.json").read_text())
+        assert davis == {"objects": [{"id": 1}, {"id": 2, "name": "the circle", "class": "circle"}]}
+        with page.expect_download() as download:
+            page.click("#download")
+        downloaded = json.loads(Path(download.value.path()).read_text())
+        assert downloaded["objects"] == [
+            {"id": 2, "name": "the circle", "class": "circle"},
+            {"id": 3},
+        ]
         assert not page.errors, page.errors
         page.close()
     finally:

@@ -109,6 +109,25 @@ class Endpoints:
         await run_in_threadpool(self.studio.set_prompts, body["prompts"])
         return JSONResponse(self.studio.prompts_file())
 
+    async def get_labels(self, request: Request):
+        """
+        summary: The objects' names and classes, as a labels file (its objects list).
+        """
+        return JSONResponse(await run_in_threadpool(self.studio.labels))
+
+    async def put_labels(self, request: Request):
+        """
+        summary: Replace the objects' names and classes (no tracking is redone)
+        description: 'Body {"objects": [{"id": 1, "name": "left mouse", "class": "mouse"}]};
+          an id with neither is an object added before its first prompt. 409 while a job
+          runs.'
+        """
+        body = await _json(request)
+        if not isinstance(body, dict) or "objects" not in body:
+            raise BadInput('the body must be {"objects": [...]}')
+        await run_in_threadpool(self.studio.set_labels, body["objects"])
+        return JSONResponse(await run_in_threadpool(self.studio.labels))
+
     async def preview(self, request: Request):
         """
         summary: The preview mask of one object on one frame, from its prompts there
@@ -220,6 +239,8 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         Route("/api/scores", e.scores),
         Route("/api/prompts", e.get_prompts, methods=["GET"]),
         Route("/api/prompts", e.put_prompts, methods=["PUT"]),
+        Route("/api/labels", e.get_labels, methods=["GET"]),
+        Route("/api/labels", e.put_labels, methods=["PUT"]),
         Route("/api/preview", e.preview, methods=["POST"]),
         Route("/api/track", e.track, methods=["POST"]),
         Route("/api/export", e.export, methods=["POST"]),

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from segpipe import environment, interrupt, log
+from segpipe import labels as label_file
 from segpipe import prompts as prompt_file
 from segpipe.errors import (
     BadInput,
@@ -30,6 +31,8 @@ from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
 from segpipe.settings import Encoding, Execution, Tracking
+from segpipe.store.labels import save as save_labels
+from segpipe.store.labels import stored as stored_labels
 from segpipe.store.lock import Claim, holder, store_lock
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import (
@@ -239,10 +242,12 @@ class Studio:
 
     @staticmethod
     def _tracking_seen(store: RunStore):
-        """What identifies the store's prompts now: its draft's and its tracking's."""
+        """What identifies the store's prompts now: its draft's, its tracking's, and the
+        objects' names."""
         path = store.path / DRAFT
         draft = path.stat().st_mtime_ns if path.is_file() else None
-        return draft, (stored_settings(store) or {}).get("prompts_sha256")
+        tracked = (stored_settings(store) or {}).get("prompts_sha256")
+        return draft, tracked, repr(store.attrs.get("labels"))
 
     def sync(self) -> bool:
         """Take the store's prompts again where another process changed them (a `segpipe
@@ -294,10 +299,30 @@ class Studio:
         self.bump()
 
     def prompts_file(self) -> dict:
-        """The page's prompts as a prompts file (masks inline)."""
-        self.store()  # none while the store is being decoded
+        """The page's prompts as a prompts file (masks inline), with the objects' names
+        where there are any (`segpipe track --prompts` records them too)."""
+        store = self.store()  # none while the store is being decoded
         self.sync()
-        return {"prompts": self.entries}
+        named = label_file.entries(stored_labels(store))
+        return {"prompts": self.entries, **({"objects": named} if named else {})}
+
+    # -- names -------------------------------------------------------------------------------
+    def labels(self) -> dict:
+        """The objects' names and classes, as a labels file ("+ object" lists one unnamed)."""
+        return {"objects": label_file.entries(stored_labels(self.store()))}
+
+    def set_labels(self, entries) -> None:
+        """Replace the objects' names and classes (checked first: a bad entry changes
+        nothing). No tracking is redone: the exports that show names are, when next made."""
+        self._writable()
+        named = label_file.parse(entries, "labels")
+        with self._starting:  # no job starts meanwhile
+            if self.job.running():
+                raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
+            with store_lock(self.path):
+                save_labels(RunStore.open(self.path), named, replace=True)
+                self.seen = self._tracking_seen(self.store())
+        self.bump()
 
     def preview(self, frame, object_id) -> tuple[bytes, float]:
         """The mask SAM 2 makes on `frame` for `object_id`'s prompts there (PNG, 255 = object),

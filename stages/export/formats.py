@@ -22,6 +22,7 @@ class ExportFormat:
     needs_source: bool = False  # reads the source video again (an overlay)
     label: str | None = None  # the studio's menu entry (None: not offered there)
     in_run: bool = False  # exported by `run` unless told otherwise
+    named: bool = False  # shows the objects' names and classes (`segpipe.labels`)
 
 
 FORMATS: dict[str, ExportFormat] = {}

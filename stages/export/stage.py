@@ -12,10 +12,12 @@ from pathlib import Path
 from segpipe import log
 from segpipe.errors import BadInput, StoreMismatch
 from segpipe.fsutil import resolved
+from segpipe.labels import entries
 from segpipe.plan import ChunkPlan, frame_window
 from segpipe.sources.registry import named, same_source
 from segpipe.stages.export.formats import FORMATS, run_formats
 from segpipe.stages.export.writers import Job, remove_parts  # (registers the formats)
+from segpipe.store.labels import of_objects
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_batches
 from segpipe.store.runstore import RunStore
@@ -96,8 +98,20 @@ class Export:
         self.source = source = Path(store.attrs["source"]["path"])
         names = _frame_names(store, source)
         palette = None if palette is None else [int(v) for v in palette]
+        labels = of_objects(store, ids) if FORMATS[fmt].named else None
         self.writer = FORMATS[fmt].writer(
-            Job(out, ids, (a, b), store.attrs["video"], source, store, names, palette, per_object)
+            Job(
+                out,
+                ids,
+                (a, b),
+                store.attrs["video"],
+                source,
+                store,
+                names,
+                palette,
+                per_object,
+                labels,
+            )
         )
         self.stage = f"export_{self.name}"
         # (new tracking options discard the exports with the tracking: see `reset_from`)
@@ -110,6 +124,8 @@ class Export:
             "palette": palette,
             "per_object": per_object,
         }
+        if FORMATS[fmt].named:  # (None: as a record made before there were labels)
+            settings["labels"] = None if labels is None else entries(labels)
         self._reconcile_record(settings, force, recorded)
         self.complete = bool(store.attrs["exports"][self.name].get("complete"))
         self.plan = ChunkPlan(T, C)

@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw
 
 from segpipe.errors import BadInput
 from segpipe.fsutil import atomic_write, fsync_path_dir, replacing
+from segpipe.labels import entries
 from segpipe.stages.export.formats import ExportFormat, register
 from segpipe.store.runstore import RunStore
 from segpipe.store.source import SourceReader
@@ -34,6 +35,7 @@ class Job:
     names: list[str] | None = None  # a frame folder's file stems: outputs are named alike
     palette: list[int] | None = None  # davis: the PNGs' palette (default: DAVIS's)
     per_object: bool = False  # davis: <obj:03d>/<frame>.png, 0/1 per object (SA-V's layout)
+    labels: dict | None = None  # a named format's: each object's `Label` (None: none named)
 
     def name(self, t: int) -> str:
         """Frame t's output name: the source file's stem for a frame folder (as SAM 2's
@@ -102,8 +104,15 @@ class DavisWriter:
         atomic_write(path, _png_bytes(img))
         return path
 
+    LABELS = "labels.json"  # beside the PNGs: the objects' names and classes, as a labels file
+
     def finish(self, chunks):
-        pass
+        path = self.out / self.LABELS
+        if self.job.labels is not None:
+            atomic_write(path, (json.dumps({"objects": entries(self.job.labels)}) + "\n").encode())
+        elif path.exists():  # (named before, no longer)
+            path.unlink()
+            fsync_path_dir(self.out)
 
 
 class VisJsonWriter:
@@ -171,24 +180,26 @@ class VisJsonWriter:
                     ]
                 )
             )
-            f.write(', "categories": [{"id": 1, "name": "object", "supercategory": "object"}]')
+            categories, category_of = vis_categories(self.ids, self.job.labels)
+            f.write(', "categories": ' + json.dumps(categories))
             f.write(', "annotations": [')
             for b in range(0, len(objects), self.BATCH):
                 batch = objects[b : b + self.BATCH]
                 self._gather(chunks, batch, work)
                 for n, obj in batch:
-                    head = json.dumps(
-                        {
-                            "id": n + 1,
-                            "object_id": obj,
-                            "video_id": 1,
-                            "category_id": 1,
-                            "iscrowd": 0,
-                            "height": H,
-                            "width": W,
-                            "length": length,
-                        }
-                    )
+                    annotation = {
+                        "id": n + 1,
+                        "object_id": obj,
+                        "video_id": 1,
+                        "category_id": category_of[obj],
+                        "iscrowd": 0,
+                        "height": H,
+                        "width": W,
+                        "length": length,
+                    }
+                    if self.job.labels is not None and self.job.labels[obj].name is not None:
+                        annotation["name"] = self.job.labels[obj].name
+                    head = json.dumps(annotation)
                     f.write(("," if n else "") + head[:-1])
                     for key in self.KEYS:
                         f.write(f', "{key}": [')
@@ -392,16 +403,17 @@ class CvatWriter:
 
     def __init__(self, job: Job):
         self.out, self.ids, self.video, self.frames = job.out, job.ids, job.video, job.frames
-        self.store, self.parts = job.store, parts_dir(job.out)
+        self.store, self.parts, self.job = job.store, parts_dir(job.out), job
 
     def start(self):
         make_folder(self.parts)
 
     def chunk(self, k, lo, hi, batches) -> list[Path]:
         part = {str(obj): [] for obj in self.ids}
+        inner = {obj: self._attributes(obj) for obj in self.ids}
         for t, frame_masks in each_frame(batches):
             for slot, obj in enumerate(self.ids):
-                part[str(obj)].append(cvat_mask(t, frame_masks[slot]))
+                part[str(obj)].append(cvat_mask(t, frame_masks[slot], inner[obj]))
         path = self.parts / f"{k:06d}.json"
         atomic_write(path, json.dumps({o: "".join(v) for o, v in part.items()}).encode())
         return [path]
@@ -412,8 +424,8 @@ class CvatWriter:
         W, H = self.video["width"], self.video["height"]
         a, b = self.frames
         labels = "".join(
-            f"<label><name>object {obj}</name><type>mask</type><attributes/></label>"
-            for obj in self.ids
+            f"<label><name>{escape(name)}</name><type>mask</type>{self._declared()}</label>"
+            for name in dict.fromkeys(map(self._label, self.ids))
         )
         with replacing(self.out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write('<?xml version="1.0" encoding="utf-8"?>\n<annotations>\n')
@@ -425,7 +437,7 @@ class CvatWriter:
             f.write(f"<original_size><width>{W}</width><height>{H}</height></original_size>")
             f.write("</task><source>segpipe</source></meta>\n")
             for n, obj in enumerate(self.ids):
-                label = quoteattr(f"object {obj}")
+                label = quoteattr(self._label(obj))
                 f.write(f'  <track id="{n}" label={label} source="auto">\n')
                 for k in chunks:
                     f.write(json.loads((self.parts / f"{k:06d}.json").read_text())[str(obj)])
@@ -433,13 +445,47 @@ class CvatWriter:
             f.write("</annotations>\n")
         fsync_path_dir(self.out.parent)
 
+    def _label(self, obj: int) -> str:
+        """The object's CVAT label: its class, else "object <id>" (one label each)."""
+        named = self.job.labels and self.job.labels[obj].category
+        return named or f"object {obj}"
 
-def cvat_mask(t: int, m: np.ndarray) -> str:
-    """Frame t's `<mask>` of one object: CVAT's RLE of `m` over its bounding box."""
+    def _declared(self) -> str:
+        """A label's attributes: "name" (text) where any object is named."""
+        if not self.job.labels or all(v.name is None for v in self.job.labels.values()):
+            return "<attributes/>"
+        return (
+            "<attributes><attribute><name>name</name><mutable>False</mutable>"
+            "<input_type>text</input_type><default_value></default_value><values></values>"
+            "</attribute></attributes>"
+        )
+
+    def _attributes(self, obj: int) -> str:
+        """What each `<mask>` of the object holds: its name, where it has one."""
+        from xml.sax.saxutils import escape
+
+        label = self.job.labels and self.job.labels[obj]
+        if not label or label.name is None:
+            return ""
+        return f'<attribute name="name">{escape(label.name)}</attribute>'
+
+
+def vis_categories(ids: list[int], labels: dict | None) -> tuple[list[dict], dict[int, int]]:
+    """YouTube-VIS categories (one per class, in the order of the objects; "object" for
+    objects without one) and each object's category id."""
+    names = [labels[i].category if labels and labels[i].category else "object" for i in ids]
+    order = list(dict.fromkeys(names)) or ["object"]
+    categories = [{"id": n + 1, "name": c, "supercategory": "object"} for n, c in enumerate(order)]
+    return categories, {i: order.index(c) + 1 for i, c in zip(ids, names)}
+
+
+def cvat_mask(t: int, m: np.ndarray, inner: str = "") -> str:
+    """Frame t's `<mask>` of one object: CVAT's RLE of `m` over its bounding box, holding
+    `inner` (its attributes)."""
     head = f'    <mask frame="{t}" keyframe="1" occluded="0" z_order="0" '
     rows, cols = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
     if not len(rows):
-        return head + 'outside="1" rle="1" left="0" top="0" width="1" height="1"></mask>\n'
+        return head + f'outside="1" rle="1" left="0" top="0" width="1" height="1">{inner}</mask>\n'
     top, left = int(rows[0]), int(cols[0])
     box = m[top : rows[-1] + 1, left : cols[-1] + 1].ravel()
     edges = np.flatnonzero(np.diff(box.astype(np.int8))) + 1  # where a run ends
@@ -448,7 +494,7 @@ def cvat_mask(t: int, m: np.ndarray) -> str:
     w, h = box.size // (rows[-1] + 1 - top), rows[-1] + 1 - top
     return (
         head + f'outside="0" rle="{", ".join(map(str, counts))}" left="{left}" top="{top}" '
-        f'width="{w}" height="{h}"></mask>\n'
+        f'width="{w}" height="{h}">{inner}</mask>\n'
     )
 
 
@@ -459,6 +505,7 @@ register(
         "davis",
         label="DAVIS PNGs",
         in_run=True,
+        named=True,
     )
 )
 register(
@@ -469,6 +516,7 @@ register(
         single_file=True,
         label="vis-json",
         in_run=True,
+        named=True,
     )
 )
 register(
@@ -497,6 +545,7 @@ register(
         "annotations.xml",
         single_file=True,
         label="CVAT XML",
+        named=True,
     )
 )
 

@@ -24,6 +24,7 @@ import numpy as np
 from segpipe import environment, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput, StoreNotReady
+from segpipe.labels import of_prompts
 from segpipe.model import (
     autocast,
     check_model,
@@ -39,6 +40,7 @@ from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.stages.track.groups import coupled, cut, object_groups, object_todo
 from segpipe.stages.track.supply import ChunkSupply, prompt_reads, say_cost
+from segpipe.store.labels import save as save_labels
 from segpipe.store.layout import TRACK_ARRAYS, require_decoded, reset_from
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_chunks, write_fill
@@ -162,6 +164,7 @@ def track(
     store = RunStore.open(store_path)
     if prompts is None and draft and draft_prompts(store) is not None:
         log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
+    given = prompts
     plan, spec, prompts = _track_inputs(store, prompts, draft)
     if not family_of(spec["name"]).tracks_with_segpipe:
         raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
@@ -174,7 +177,9 @@ def track(
     settings = tracking_settings(prompts, direction, options, window)
     again = execution.force or stored_settings(store) != settings  # every chunk anew
     env = (environment.of_work(device, predictor, cluster), execution.allow_env_change)
+    named = of_prompts(given)  # (the prompts file's "objects", checked as it was read)
     pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space, env)
+    save_labels(store, named)
     if not pending:
         sweep(store)
         log.info("track: already complete", quiet)

@@ -7,7 +7,7 @@ const PALETTE = [[230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [1
 const colour = (id) => PALETTE[(((id - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
 
 const S = {
-  info: null, frame: 0, selected: 1, extra: [], entries: [], history: [],
+  info: null, frame: 0, selected: 1, labels: new Map(), entries: [], history: [],
   scores: { objects: [], scores: [], areas: [], tracked: [], flags: [] }, lost: [],
   image: null, tracked: null, previews: new Map(), playing: false, version: -1,
   drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(),
@@ -37,7 +37,7 @@ async function guarded(fn) {
 
 // -- objects and prompts ----------------------------------------------------------------------
 function objectIds() {
-  const ids = new Set([...S.scores.objects, ...S.entries.map((e) => e.object), ...S.extra]);
+  const ids = new Set([...S.scores.objects, ...S.entries.map((e) => e.object), ...S.labels.keys()]);
   if (!ids.size) ids.add(1);
   return [...ids].sort((a, b) => a - b);
 }
@@ -47,18 +47,47 @@ function drawObjects() {
   box.textContent = "";
   for (const id of objectIds()) {
     const b = document.createElement("button");
-    b.textContent = id;
+    const label = S.labels.get(id) || {};
+    b.textContent = label.name ? `${id} ${label.name}` : id;
     b.dataset.object = id;
     b.style.background = `rgb(${colour(id).join(",")})`;
     b.classList.toggle("selected", id === S.selected);
     b.classList.toggle("hidden", S.hidden.has(id));
-    b.title = `object ${id} (h: ${S.hidden.has(id) ? "show" : "hide"} its masks)`;
+    const called = label.name ? `${label.name}${label.class ? ` (${label.class})` : ""}` : `object ${id}`;
+    b.title = `${called} (h: ${S.hidden.has(id) ? "show" : "hide"} its masks)`;
     b.onclick = () => select(id);
     box.appendChild(b);
+  }
+  const label = S.labels.get(S.selected) || {};
+  for (const [key, input] of [["name", $("object-name")], ["class", $("object-class")]]) {
+    if (document.activeElement !== input) input.value = label[key] || "";
   }
 }
 
 function select(id) { S.selected = id; drawObjects(); draw(); }
+
+// the objects' names and classes, kept in the store (an object exists from "+ object" on)
+async function loadLabels() {
+  const { objects } = await (await api("labels")).json();
+  S.labels = new Map(objects.map((o) => [o.id, o]));
+}
+
+async function putLabels(labels) {
+  const objects = [...labels.values()].sort((a, b) => a.id - b.id);
+  await api("labels", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ objects }) });
+  S.labels = labels;
+  drawObjects();
+}
+
+async function nameSelected() {
+  const labels = new Map(S.labels), id = S.selected;
+  const label = { id };
+  const name = $("object-name").value.trim(), cls = $("object-class").value.trim();
+  if (name) label.name = name;
+  if (cls) label.class = cls;
+  labels.set(id, label);
+  await putLabels(labels);
+}
 
 function toggleHidden(id) {
   if (S.hidden.has(id)) S.hidden.delete(id); else S.hidden.add(id);
@@ -66,9 +95,9 @@ function toggleHidden(id) {
   draw();
 }
 
-function addObject() {
+async function addObject() {
   const id = Math.max(0, ...objectIds()) + 1;
-  S.extra.push(id);
+  await putLabels(new Map([...S.labels, [id, { id }]]));
   select(id);
 }
 
@@ -136,7 +165,11 @@ async function undo() {
 
 async function deleteObject() {
   await setEntries(S.entries.filter((e) => e.object !== S.selected));
-  S.extra = S.extra.filter((id) => id !== S.selected);
+  if (S.labels.has(S.selected)) {
+    const labels = new Map(S.labels);
+    labels.delete(S.selected);
+    await putLabels(labels);
+  }
   for (const k of [...S.previews.keys()]) if (k.endsWith(`:${S.selected}`)) S.previews.delete(k);
   draw();
 }
@@ -370,6 +403,7 @@ function jumpLost(step) {
 async function refresh() {
   S.scores = await (await api("scores")).json();
   S.entries = (await (await api("prompts")).json()).prompts;
+  await loadLabels();
   findLost();
   drawObjects();
   drawStrips();
@@ -471,7 +505,8 @@ function wire() {
   $("scrub").addEventListener("input", (e) => goFrame(Number(e.target.value)));
   $("frame").addEventListener("change", (e) => { e.target.blur(); goFrame(Number(e.target.value)); });
   $("play").onclick = togglePlay;
-  $("add-object").onclick = addObject;
+  $("add-object").onclick = () => guarded(addObject);
+  for (const id of ["object-name", "object-class"]) $(id).addEventListener("change", () => guarded(nameSelected));
   $("delete-object").onclick = () => guarded(deleteObject);
   $("undo").onclick = () => guarded(undo);
   $("track").onclick = () => guarded(track);
@@ -493,6 +528,7 @@ function wire() {
       let parsed;
       try { parsed = JSON.parse(await file.text()); } catch (err) { throw new Error(`${file.name} is not JSON`); }
       await setEntries(Array.isArray(parsed) ? parsed : parsed.prompts);
+      if (parsed.objects) await putLabels(new Map([...S.labels, ...parsed.objects.map((o) => [o.id, o])]));
     });
     e.target.value = "";
   });
@@ -504,7 +540,7 @@ function wire() {
     const keys = {
       ArrowRight: () => goFrame(S.frame + step), ArrowLeft: () => goFrame(S.frame - step),
       Home: () => goFrame(0), End: () => goFrame(S.info.frames - 1), " ": togglePlay,
-      "[": () => jumpLost(-1), "]": () => jumpLost(1), n: addObject,
+      "[": () => jumpLost(-1), "]": () => jumpLost(1), n: () => guarded(addObject),
       p: () => setTool("prompt"), b: () => setTool("brush"), e: () => setTool("eraser"),
       h: () => toggleHidden(S.selected),
       z: () => guarded(undo), t: () => guarded(track), Delete: () => guarded(deleteObject),

@@ -1,0 +1,32 @@
+"""The names and classes of a store's objects (`segpipe.labels`): the `labels` attribute,
+apart from what the store tracked, so that naming an object redoes no tracking (the
+exports that show names are redone: their record holds the names)."""
+
+from __future__ import annotations
+
+from segpipe.labels import Label, entries, parse
+from segpipe.store.runstore import RunStore
+
+
+def stored(store: RunStore) -> dict[int, Label]:
+    """The store's labels by object id (none recorded: {})."""
+    return parse(store.attrs.get("labels", []), f"store {store.path}")
+
+
+def save(store: RunStore, labels: dict[int, Label], replace: bool = False) -> dict[int, Label]:
+    """`labels` recorded over the store's (those of other ids kept; `replace`: only
+    `labels`), in one write; what the store then holds."""
+    merged = dict(labels) if replace else {**stored(store), **labels}
+    if merged != stored(store):
+        store.set_attrs(labels=entries(merged))
+    return merged
+
+
+def of_objects(store: RunStore, ids) -> dict[int, Label] | None:
+    """The labels of objects `ids` (an export's), each id with one (unlabelled: its id
+    only); None where none of them is labelled, so that an export of a store without
+    labels is what it always was."""
+    labels = stored(store)
+    if not any(i in labels for i in ids):
+        return None
+    return {i: labels.get(i, Label(i)) for i in ids}
