@@ -488,7 +488,7 @@ def serve_and_stop(line: str, cwd: Path, env: dict) -> int:
 
 def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
     """Each command's --help example, copied into a shell in a folder holding the sample clip
-    (clip.mp4, prompts.json) and the same clip as a DAVIS-style dataset, runs as written
+    (clip.mp4, prompts.json, names.json) and the same clip as a DAVIS-style dataset, runs as written
     with the shipped model (none needs a checkpoint or a cluster address): in pipeline
     order, in one folder, as a new user types them one after the other (the later ones
     work on the store the earlier ones made)."""
@@ -514,6 +514,7 @@ def test_every_help_example_runs_as_written_on_the_sample(tmp_path):
         png.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * 756)
         png.save(notes / f"{t:05d}.png")
     (tmp_path / "val.txt").write_text("clip\n")
+    (tmp_path / "names.json").write_text('{"objects": [{"id": 1, "name": "disc"}]}')  # (--labels)
     import tifffile
 
     tifffile.imwrite(tmp_path / "cells.tif", frames[..., 1])  # a grey stack, as microscopes save

@@ -49,6 +49,7 @@ LAYERS = {
         "segpipe.store.masks",
         "segpipe.store.tracking",
         "segpipe.store.labels",
+        "segpipe.store.edits",
         "segpipe.store.source",
         "segpipe.settings",
     ],

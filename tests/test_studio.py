@@ -1075,3 +1075,112 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         page.close()
     finally:
         server.stop()
+
+
+def got(url: str):
+    status, body, _ = fetch(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def prompt_rows(page) -> list[str]:
+    return page.evaluate(
+        "[...document.querySelectorAll('#prompt-list li')].map((li) =>"
+        " li.querySelector('select').value + ' ' + li.querySelector('.go').textContent"
+        " + ' ' + li.querySelector('span').textContent)"
+    )
+
+
+def test_a_prompt_is_deleted_alone_moved_and_undone_after_a_reload_then_redone(
+    browser, studio, store
+):
+    """Issue 47 item 1: the prompt list shows every prompt; one is deleted alone (its
+    object's other prompts stay) and one moved to another object; undo and redo go
+    through the store's history, so they work after a reload (and in another tab)."""
+    url = studio.url
+    page = open_page(browser, url + "?frame=5")
+    click_video(page, 30, 25)  # object 1, frame 5
+    page.wait_for_selector("body[data-previewed='5:1']")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_selector("body[data-frame='6']")
+    click_video(page, 30, 25)  # object 1, frame 6
+    page.wait_for_selector("body[data-previewed='6:1']")
+    page.keyboard.press("n")
+    page.wait_for_selector("#objects button[data-object='2'].selected")
+    drag_video(page, 55, 10, 75, 35)  # object 2, a box on frame 6
+    page.wait_for_selector("body[data-previewed='6:2']")
+    assert prompt_rows(page) == [
+        "1 frame 5 1 point (1+ 0-)",
+        "1 frame 6 1 point (1+ 0-)",
+        "2 frame 6 box",
+    ]
+    page.click("#prompt-list li[data-index='0'] .delete")  # frame 5's alone
+    page.wait_for_function("studio.entries.length === 2")
+    page.select_option("#prompt-list li[data-index='1'] select", "1")  # the box: object 1's
+    page.wait_for_function("studio.entries[1].object === 1")
+    assert prompt_rows(page) == ["1 frame 6 1 point (1+ 0-)", "1 frame 6 box"]
+    assert [(e["object"], e["frame"]) for e in got(url + "api/prompts")["prompts"]] == [
+        (1, 6),
+        (1, 6),
+    ]
+    assert got(url + "api/history") == {"undo": 5, "redo": 0}  # 3 prompts, a delete, a move
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert len(prompt_rows(page)) == 2
+    page.keyboard.press("z")  # the move undone
+    page.wait_for_function("studio.entries.length === 2 && studio.entries[1].object === 2")
+    page.keyboard.press("z")  # the deletion undone
+    page.wait_for_function("studio.entries.length === 3")
+    assert prompt_rows(page)[0] == "1 frame 5 1 point (1+ 0-)"
+    other = open_page(browser, url + "?frame=6")  # another tab redoes what this one undid
+    other.keyboard.press("y")
+    page.wait_for_function("studio.entries.length === 2")
+    assert got(url + "api/history") == {"undo": 4, "redo": 1}
+    assert not page.evaluate("document.getElementById('redo').disabled")
+    page.click("#prompt-list li[data-index='0'] .go")
+    page.wait_for_selector("body[data-frame='6']")
+    assert not page.errors and not other.errors, (page.errors, other.errors)
+    page.close()
+    other.close()
+
+
+def test_a_correction_that_moves_an_object_onto_another_is_said_before_track(browser, store, small):
+    """Issue 47 item 1: on a tracked frame, a box for object 2 drawn around object 1 (the
+    swap the issue saw) previews onto object 1: the page says the correction changes
+    object 2's tracked mask drastically (its overlap and how far it moved); undone, the
+    warning goes; a box around object 2's own shape says nothing."""
+    import make_sample
+
+    import segpipe
+    from segpipe.web.server import StudioServer
+
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    segpipe.track(store, entries, execution=segpipe.Execution(progress=False))
+    _, truth = make_sample.make_clip(num_frames=24, width=96, height=72, seed=1)
+    server = StudioServer(store, port=0).start()
+    try:
+        page = open_page(browser, server.url + "?frame=14")
+        page.wait_for_function(  # the events' first refresh done: frame 14's masks shown
+            "studio.version >= 0 && document.body.dataset.refreshed == studio.version"
+            " && studio.shown === 14"
+        )
+        page.keyboard.press("2")
+        for slot, said in ((0, True), (1, False)):  # object 1's shape, then object 2's
+            ys, xs = np.nonzero(truth[14, slot])
+            page.evaluate("document.body.dataset.previewed = ''")
+            drag_video(page, xs.min() - 1, ys.min() - 1, xs.max() + 1, ys.max() + 1)
+            page.wait_for_function("document.body.dataset.previewed === '14:2'")
+            warning = page.inner_text("#warning")
+            if said:
+                assert "object 2 on frame 14" in warning and "drastically" in warning, warning
+                assert page.evaluate("document.body.dataset.warning") == "14:2"
+                page.keyboard.press("z")
+                page.wait_for_function("studio.entries.length === 2")
+                page.wait_for_function("document.body.dataset.warning === ''")
+                assert page.inner_text("#warning") == ""
+            else:
+                assert warning == "", warning
+        assert not page.errors, page.errors
+        page.close()
+    finally:
+        server.stop()

@@ -109,6 +109,30 @@ class Endpoints:
         await run_in_threadpool(self.studio.set_prompts, body["prompts"])
         return JSONResponse(self.studio.prompts_file())
 
+    async def undo(self, request: Request):
+        """
+        summary: Undo the last change of the prompts (the history is the store's)
+        description: The prompts then, as GET /api/prompts gives them; 400 with nothing to undo.
+        """
+        await _json(request, empty={})
+        await run_in_threadpool(self.studio.undo)
+        return JSONResponse(self.studio.prompts_file())
+
+    async def redo(self, request: Request):
+        """
+        summary: Make again the change the last undo took back
+        description: The prompts then, as GET /api/prompts gives them; 400 with nothing to redo.
+        """
+        await _json(request, empty={})
+        await run_in_threadpool(self.studio.redo)
+        return JSONResponse(self.studio.prompts_file())
+
+    async def history(self, request: Request):
+        """
+        summary: How many changes of the prompts can be undone and redone (undo and redo)
+        """
+        return JSONResponse(await run_in_threadpool(self.studio.history))
+
     async def get_labels(self, request: Request):
         """
         summary: The objects' names and classes, as a labels file (its objects list).
@@ -132,15 +156,20 @@ class Endpoints:
         """
         summary: The preview mask of one object on one frame, from its prompts there
         description: 'Body {"frame": N, "object": ID}; a PNG, 255 = object, and the header
-          X-Object-Score.'
+          X-Object-Score; where the object is tracked on that frame, the header X-Change,
+          {"iou", "shift", "drastic"}: the overlap with its tracked mask, how far its centre
+          moved in body lengths, and whether the correction moves it drastically.'
         """
         body = await _json(request)
         if not isinstance(body, dict):
             raise BadInput('the body must be {"frame": N, "object": ID}')
-        data, score = await run_in_threadpool(
+        data, score, change = await run_in_threadpool(
             self.studio.preview, body.get("frame"), body.get("object")
         )
-        return Response(data, media_type="image/png", headers={"X-Object-Score": f"{score:.4f}"})
+        headers = {"X-Object-Score": f"{score:.4f}"}
+        if change is not None:  # the object is tracked there: how far the correction moves it
+            headers["X-Change"] = json.dumps(change)
+        return Response(data, media_type="image/png", headers=headers)
 
     async def track(self, request: Request):
         """
@@ -239,6 +268,9 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         Route("/api/scores", e.scores),
         Route("/api/prompts", e.get_prompts, methods=["GET"]),
         Route("/api/prompts", e.put_prompts, methods=["PUT"]),
+        Route("/api/undo", e.undo, methods=["POST"]),
+        Route("/api/redo", e.redo, methods=["POST"]),
+        Route("/api/history", e.history),
         Route("/api/labels", e.get_labels, methods=["GET"]),
         Route("/api/labels", e.put_labels, methods=["PUT"]),
         Route("/api/preview", e.preview, methods=["POST"]),

@@ -31,6 +31,7 @@ from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
 from segpipe.settings import Encoding, Execution, Tracking
+from segpipe.store import edits
 from segpipe.store.labels import save as save_labels
 from segpipe.store.labels import stored as stored_labels
 from segpipe.store.lock import Claim, holder, store_lock
@@ -288,15 +289,44 @@ class Studio:
         store = self.store()
         video, T = store.attrs["video"], store.attrs["frame_count"]
         loaded = prompt_file.load(entries, T, video["width"], video["height"]) if entries else []
-        entries = prompt_file.to_file(loaded)  # id masks as one mask entry per object
+        self._save_entries(prompt_file.to_file(loaded))  # id masks: one mask entry per object
+
+    def _save_entries(self, entries: list[dict] | None, step=None) -> None:
+        """`entries` saved as the store's draft, the entries they replace kept in the edit
+        history (`store.edits`); with `step` (`edits.undo` or `edits.redo`), the entries
+        that step gives instead (none: `BadInput`, nothing to undo or redo)."""
         with self._starting:  # no job starts meanwhile
             if self.job.running():
                 raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
             with store_lock(self.path):  # one writer: the draft is the store's
-                save_draft(RunStore.open(self.path), entries)
+                store = RunStore.open(self.path)
+                if step is not None:
+                    entries = step(store, self.entries)
+                    if entries is None:
+                        raise BadInput(f"nothing to {step.__name__}")
+                elif entries != self.entries:
+                    edits.changed(store, self.entries)
+                save_draft(store, entries)
                 self.entries = [dict(e) for e in entries]
                 self.seen = self._tracking_seen(store)
         self.bump()
+
+    def undo(self) -> None:
+        """The prompts as they were before the last change (kept in the store: a reload,
+        another tab or a restarted studio undoes as well)."""
+        self._writable()
+        self.store()
+        self._save_entries(None, edits.undo)
+
+    def redo(self) -> None:
+        """The change the last undo took back, made again."""
+        self._writable()
+        self.store()
+        self._save_entries(None, edits.redo)
+
+    def history(self) -> dict:
+        """How many changes can be undone and redone."""
+        return edits.counts(self.store())
 
     def prompts_file(self) -> dict:
         """The page's prompts as a prompts file (masks inline), with the objects' names
@@ -324,15 +354,41 @@ class Studio:
                 self.seen = self._tracking_seen(self.store())
         self.bump()
 
-    def preview(self, frame, object_id) -> tuple[bytes, float]:
+    def preview(self, frame, object_id) -> tuple[bytes, float, dict | None]:
         """The mask SAM 2 makes on `frame` for `object_id`'s prompts there (PNG, 255 = object),
-        and its object score."""
+        its object score, and how it differs from the object's tracked mask there
+        (`change`)."""
         frame = self.frame_number(frame)
         mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
         if not mine:
             raise BadInput(f"object {object_id!r} has no prompt on frame {frame}")
         mask, score = self.previewer.mask(mine)
-        return png(mask.astype(np.uint8) * 255), score
+        return png(mask.astype(np.uint8) * 255), score, self.change(frame, object_id, mask)
+
+    def change(self, frame: int, object_id: int, mask: np.ndarray) -> dict | None:
+        """How `mask` differs from the object's tracked mask on `frame`: "iou" (their
+        intersection over union), "shift" (how far its centre moved, in body lengths: the
+        square root of the tracked area; None where `mask` is empty) and "drastic": the
+        correction empties the mask, or moves it (an IoU under `DRASTIC_IOU` and its centre
+        more than `DRASTIC_SHIFT` body lengths away: onto another target, say; a
+        refinement of the outline keeps its centre). None where nothing is tracked there
+        to compare with."""
+        store = self.store()
+        settings = stored_settings(store)
+        if settings is None or object_id not in settings["object_ids"]:
+            return None
+        masks = self._masks.frame(store, frame) if store.array("masks") is not None else []
+        slot = settings["object_ids"].index(object_id)
+        if slot >= len(masks) or not masks[slot].any():
+            return None
+        before, after = masks[slot], mask.astype(bool)
+        iou = float((before & after).sum() / (before | after).sum())
+        shift = None
+        if after.any():
+            moved = np.subtract(_centre(after), _centre(before))
+            shift = round(float(np.hypot(*moved) / np.sqrt(before.sum())), 2)
+        drastic = shift is None or (iou < DRASTIC_IOU and shift > DRASTIC_SHIFT)
+        return {"iou": round(iou, 3), "shift": shift, "drastic": drastic}
 
     # -- tracking ----------------------------------------------------------------------------
     def track(self, direction: str | None = None, frames=None) -> None:
@@ -691,6 +747,15 @@ class FrameSource:
         video = store.attrs["video"]
         frame = store.read("frames", n, n + 1)[0]
         return Image.fromarray(frame).resize((video["width"], video["height"]))
+
+
+DRASTIC_IOU = 0.5  # a correction whose preview overlaps the tracked mask less, and ...
+DRASTIC_SHIFT = 0.5  # ... whose centre moves more body lengths than this: said
+
+
+def _centre(mask: np.ndarray) -> tuple[float, float]:
+    ys, xs = np.nonzero(mask)
+    return float(xs.mean()), float(ys.mean())
 
 
 JUMP_RATIO = 2.0  # an area that doubles or halves from one frame to the next

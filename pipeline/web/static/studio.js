@@ -7,7 +7,7 @@ const PALETTE = [[230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [1
 const colour = (id) => PALETTE[(((id - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
 
 const S = {
-  info: null, frame: 0, selected: 1, labels: new Map(), entries: [], history: [],
+  info: null, frame: 0, selected: 1, labels: new Map(), entries: [], steps: { undo: 0, redo: 0 },
   scores: { objects: [], scores: [], areas: [], tracked: [], flags: [] }, lost: [],
   image: null, tracked: null, previews: new Map(), playing: false, version: -1,
   drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(),
@@ -97,20 +97,25 @@ function toggleHidden(id) {
 
 async function addObject() {
   const id = Math.max(0, ...objectIds()) + 1;
-  await putLabels(new Map([...S.labels, [id, { id }]]));
+  S.labels = new Map([...S.labels, [id, { id }]]); // shown at once, then kept in the store
   select(id);
+  await putLabels(S.labels);
 }
 
-async function setEntries(entries, remember = true) {
-  const before = S.entries;
+async function setEntries(entries) {
   const response = await api("prompts", {
     method: "PUT", headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ prompts: entries }),
   });
-  S.entries = (await response.json()).prompts;
-  if (remember) S.history.push(before);
+  showEntries((await response.json()).prompts);
+  await loadSteps();
+}
+
+function showEntries(entries) {
+  S.entries = entries;
   drawObjects();
   drawStrips();
+  drawPromptList();
 }
 
 // a click or a box for the selected object on this frame: one entry per (object, frame), as
@@ -142,6 +147,7 @@ async function preview(f, o) {
   const key = `${f}:${o}`;
   if (!S.entries.some((e) => e.frame === f && e.object === o)) {
     S.previews.delete(key);
+    warn(key, null);
     draw();
     return;
   }
@@ -150,17 +156,109 @@ async function preview(f, o) {
   const bitmap = await createImageBitmap(await response.blob());
   S.previews.set(key, { mask: pixelValues(bitmap), score: Number(response.headers.get("X-Object-Score")) });
   S.previewMs = performance.now() - started;
+  warn(key, JSON.parse(response.headers.get("X-Change") || "null"));
   draw();
   document.body.dataset.previewed = key;
 }
 
-async function undo() {
-  if (!S.history.length) return;
-  const before = S.history.pop();
-  await setEntries(before, false);
-  S.previews.clear();
-  for (const e of S.entries) if (e.frame === S.frame) await preview(e.frame, e.object);
+// a correction that moves a tracked object's mask drastically (say onto another target) is
+// said before Track carries it through the video
+function warn(key, change) {
+  const [f, o] = key.split(":");
+  if (change && change.drastic) {
+    const moved = change.shift === null ? "its mask empties" : `its centre moves ${change.shift} body lengths`;
+    $("warning").textContent = `object ${o} on frame ${f}: this correction changes its tracked mask drastically ` +
+      `(overlap ${change.iou.toFixed(2)} with it; ${moved}): check it before Track`;
+    document.body.dataset.warning = key;
+  } else if (document.body.dataset.warning === key || !change) {
+    $("warning").textContent = "";
+    document.body.dataset.warning = "";
+  }
+}
+
+// undo and redo go through the store's history: they outlive a reload, a tab, the studio
+async function loadSteps() {
+  S.steps = await (await api("history")).json();
+  $("undo").disabled = !S.steps.undo;
+  $("redo").disabled = !S.steps.redo;
+  $("undo").title = S.steps.undo ? `undo the last change of the prompts (z): ${S.steps.undo} to undo` : "nothing to undo";
+  $("redo").title = S.steps.redo ? `redo what undo took back (y): ${S.steps.redo} to redo` : "nothing to redo";
+}
+
+async function stepHistory(which) {
+  const response = await api(which, json({}));
+  showEntries((await response.json()).prompts);
+  await loadSteps();
+  await previewHere();
+}
+
+async function previewHere() {
+  if (document.body.dataset.warning) warn(document.body.dataset.warning, null);
+  for (const key of [...S.previews.keys()]) if (key.startsWith(`${S.frame}:`)) S.previews.delete(key);
+  const here = new Set(S.entries.filter((e) => e.frame === S.frame).map((e) => e.object));
+  for (const o of here) await preview(S.frame, o);
   draw();
+}
+
+// -- the prompt list: every prompt, to jump to, move to another object, or delete alone ------
+function describe(e) {
+  const parts = [];
+  if (e.box) parts.push("box");
+  if (e.points) {
+    const plus = e.labels.filter((l) => l).length, minus = e.labels.length - plus;
+    parts.push(`${e.points.length} point${e.points.length > 1 ? "s" : ""} (${plus}+ ${minus}-)`);
+  }
+  if (e.mask) parts.push("mask");
+  return parts.join(" + ");
+}
+
+function drawPromptList() {
+  const list = $("prompt-list");
+  list.textContent = "";
+  const order = S.entries.map((e, i) => i).sort((a, b) => S.entries[a].frame - S.entries[b].frame || S.entries[a].object - S.entries[b].object || a - b);
+  for (const i of order) {
+    const e = S.entries[i];
+    const li = document.createElement("li");
+    li.dataset.index = i;
+    li.classList.toggle("here", e.frame === S.frame);
+    const go = document.createElement("button");
+    go.className = "go";
+    go.textContent = `frame ${e.frame}`;
+    go.title = `go to frame ${e.frame}`;
+    go.onclick = () => goFrame(e.frame);
+    const kind = document.createElement("span");
+    kind.textContent = describe(e);
+    const move = document.createElement("select");
+    move.className = "move";
+    move.title = "the object this prompt is for";
+    for (const id of objectIds()) {
+      const option = document.createElement("option");
+      option.value = id;
+      option.textContent = (S.labels.get(id) || {}).name ? `${id} ${S.labels.get(id).name}` : `object ${id}`;
+      move.append(option);
+    }
+    move.value = e.object;
+    move.style.borderLeft = `6px solid rgb(${colour(e.object).join(",")})`;
+    move.onchange = () => guarded(() => moveOne(i, Number(move.value)));
+    const del = document.createElement("button");
+    del.className = "delete";
+    del.textContent = "\u00d7";
+    del.title = "delete this prompt";
+    del.onclick = () => guarded(() => deleteOne(i));
+    li.append(move, go, kind, del);
+    list.append(li);
+  }
+  $("prompt-count").textContent = S.entries.length ? `(${S.entries.length})` : "";
+}
+
+async function deleteOne(i) {
+  await setEntries(S.entries.filter((_, j) => j !== i));
+  await previewHere();
+}
+
+async function moveOne(i, object) {
+  await setEntries(S.entries.map((e, j) => (j === i ? { ...e, object } : e)));
+  await previewHere();
 }
 
 async function deleteObject() {
@@ -270,6 +368,7 @@ async function goFrame(n) {
   $("frame").value = n;
   history.replaceState(null, "", `?frame=${n}`);
   drawStrips();
+  for (const li of $("prompt-list").children) li.classList.toggle("here", S.entries[li.dataset.index]?.frame === n);
   if (S.inFlight) return S.inFlight;
   S.inFlight = (async () => {
     await null; // S.inFlight is this promise before the loop runs (and before it ends)
@@ -401,14 +500,18 @@ function jumpLost(step) {
 
 // -- tracking --------------------------------------------------------------------------------
 async function refresh() {
+  const version = S.version;
   S.scores = await (await api("scores")).json();
   S.entries = (await (await api("prompts")).json()).prompts;
   await loadLabels();
+  await loadSteps();
+  drawPromptList();
   findLost();
   drawObjects();
   drawStrips();
   S.shown = null; // the masks may have changed: load the frame again
   await goFrame(S.frame);
+  document.body.dataset.refreshed = version; // (what the page shows is the server's then)
 }
 
 function showProgress(p) {
@@ -508,7 +611,8 @@ function wire() {
   $("add-object").onclick = () => guarded(addObject);
   for (const id of ["object-name", "object-class"]) $(id).addEventListener("change", () => guarded(nameSelected));
   $("delete-object").onclick = () => guarded(deleteObject);
-  $("undo").onclick = () => guarded(undo);
+  $("undo").onclick = () => guarded(() => stepHistory("undo"));
+  $("redo").onclick = () => guarded(() => stepHistory("redo"));
   $("track").onclick = () => guarded(track);
   $("track-forward").onclick = () => guarded(() => trackFromHere(true));
   $("track-backward").onclick = () => guarded(() => trackFromHere(false));
@@ -543,7 +647,8 @@ function wire() {
       "[": () => jumpLost(-1), "]": () => jumpLost(1), n: () => guarded(addObject),
       p: () => setTool("prompt"), b: () => setTool("brush"), e: () => setTool("eraser"),
       h: () => toggleHidden(S.selected),
-      z: () => guarded(undo), t: () => guarded(track), Delete: () => guarded(deleteObject),
+      z: () => guarded(() => stepHistory("undo")), y: () => guarded(() => stepHistory("redo")),
+      Z: () => guarded(() => stepHistory("redo")), t: () => guarded(track), Delete: () => guarded(deleteObject),
       "?": () => { $("help").hidden = !$("help").hidden; }, Escape: () => { $("help").hidden = true; },
     };
     if (/^[1-9]$/.test(e.key)) {
@@ -593,7 +698,7 @@ async function togglePlay() {
 
 // the frame as large as the page allows, at the video's aspect
 function fit() {
-  const main = document.querySelector("main"), c = $("view");
+  const main = $("stage"), c = $("view");
   const scale = Math.min(main.clientWidth / S.info.width, main.clientHeight / S.info.height);
   c.style.width = `${Math.floor(S.info.width * scale)}px`;
   c.style.height = `${Math.floor(S.info.height * scale)}px`;
