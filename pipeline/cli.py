@@ -780,7 +780,14 @@ def studio(path, **options):
 @STORE
 @click.option("--verbose", is_flag=True, help="The bytes on disk of every array too.")
 @click.option("--json", "as_json", is_flag=True, help="Everything, machine-readable, on stdout.")
-def status(store, verbose, as_json):
+@click.option(
+    "--flags",
+    "with_flags",
+    is_flag=True,
+    help="Where each object may be lost, with the reason (segpipe studio's flags); reads "
+    "every mask once.",
+)
+def status(store, verbose, as_json, with_flags):
     """Show the store in a few lines: its source, model, objects and prompts, whether a
     process is working on it now, each stage's chunks done / total (with frames/s and an ETA
     while a stage advances, from the ledger's commit times), the exports, and the storage
@@ -790,10 +797,11 @@ def status(store, verbose, as_json):
     Example:
       segpipe status --store clip.zarr
       segpipe status --store clip.zarr --json
+      segpipe status --store clip.zarr --flags
     """
     from segpipe.status import describe, render
 
-    report = describe(store)
+    report = describe(store, with_flags=with_flags)
     click.echo(json.dumps(report, indent=1) if as_json else render(report, verbose))
 
 

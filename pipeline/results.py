@@ -65,6 +65,14 @@ class Run:
         """The tracked objects' ids, in the order of the masks' object axis."""
         return list(self._tracking()["object_ids"])
 
+    def flags(self) -> list:
+        """Where each object may be lost (`segpipe.flags.Flag`: object, frame, kind, reason),
+        by frame, as `segpipe status --flags` and the studio show them; reads every mask
+        once."""
+        from segpipe.flags import of_store
+
+        return of_store(self._store)
+
     @property
     def labels(self) -> dict:
         """The objects' names and classes (`segpipe.Label`), by object id: those named, and

@@ -19,16 +19,19 @@ from __future__ import annotations
 import statistics
 import time
 
-from segpipe import environment, estimate, space
+from segpipe import environment, estimate, flags, space
 from segpipe.plan import ChunkPlan, Span, passes
 from segpipe.store import lock
+from segpipe.store.labels import stored as stored_labels
 from segpipe.store.ledger import pass_stage
 from segpipe.store.runstore import RunStore
 
 RATE_WINDOW = 16  # commits
 
 
-def describe(store_path, now: float | None = None) -> dict:
+def describe(store_path, now: float | None = None, with_flags: bool = False) -> dict:
+    """The report `render` shows; `with_flags`: where each object may be lost too
+    (`segpipe.flags`: every mask read once)."""
     store = RunStore.open(store_path, read_only=True)
     attrs = store.attrs
     T = attrs.get("frame_count")
@@ -61,7 +64,7 @@ def describe(store_path, now: float | None = None) -> dict:
         },
         "model": attrs.get("model"),
         "running": running,
-        "objects": _objects(attrs.get("track")),
+        "objects": _objects(attrs.get("track"), stored_labels(store)),
         "draft": _draft(store),
         "stages": stages,
         "exports": {
@@ -73,7 +76,14 @@ def describe(store_path, now: float | None = None) -> dict:
         "on_disk": on_disk,
         "bytes": sizes,
         "warnings": warnings,
+        **({"flags": _flags(store, attrs)} if with_flags else {}),
     }
+
+
+def _flags(store: RunStore, attrs: dict) -> list[dict]:
+    if attrs.get("frame_count") is None:  # tracked alongside a decode not finished
+        return []
+    return [f.as_dict() for f in flags.of_store(store)]
 
 
 def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> tuple[dict, dict]:
@@ -108,13 +118,19 @@ def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> t
     return stages, orders
 
 
-def _objects(track: dict | None) -> list[dict]:
-    """Each tracked object's id and its prompts (frame and kind), in slot order."""
+def _objects(track: dict | None, labels: dict) -> list[dict]:
+    """Each tracked object's id, name and class (where it has them) and its prompts (frame
+    and kind), in slot order."""
     objects = {}
     for entry in (track or {}).get("prompts", []):
         kind = next(k for k in ("points", "box", "mask") if k in entry)
         objects.setdefault(entry["object"], []).append({"frame": entry["frame"], "kind": kind})
-    return [{"id": i, "prompts": p} for i, p in objects.items()]
+    out = []
+    for i, p in objects.items():
+        label = labels.get(i)
+        named = {} if label is None else {"name": label.name, "class": label.category}
+        out.append({"id": i, **named, "prompts": p})
+    return out
 
 
 def _store_warnings(attrs: dict) -> list[str]:
@@ -196,9 +212,24 @@ def clock(seconds: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _called(o: dict) -> str:
+    """(name, class) of a named object, as the head shows it."""
+    said = [v for v in (o.get("name"), o.get("class")) if v]
+    return f" ({', '.join(said)})" if said else ""
+
+
+def _flag_lines(report: dict) -> list[str]:
+    if "flags" not in report:
+        return []
+    found = report["flags"]
+    lines = [f"flags    {len(found)} (where an object may be lost: object, frame, why)"]
+    lines += [f"  {f['object']:>6}  {f['frame']:>7}  {f['kind']}: {f['reason']}" for f in found]
+    return lines
+
+
 def render(report: dict, verbose: bool = False) -> str:
     """The summary; with `verbose`, the bytes on disk of every array too."""
-    lines = [*_head(report), *_stage_lines(report), *_export_lines(report)]
+    lines = [*_head(report), *_stage_lines(report), *_export_lines(report), *_flag_lines(report)]
     lines += _storage_lines(report)
     if verbose:
         width = max(map(len, report["bytes"]), default=5)
@@ -257,7 +288,8 @@ def _head(report: dict) -> list[str]:
             )
     if report["objects"]:
         said = [
-            f"{o['id']}: " + ", ".join(f"{p['kind']} on frame {p['frame']}" for p in o["prompts"])
+            f"{o['id']}{_called(o)}: "
+            + ", ".join(f"{p['kind']} on frame {p['frame']}" for p in o["prompts"])
             for o in report["objects"]
         ]
         lines.append(f"objects  {'; '.join(said)}")

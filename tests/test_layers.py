@@ -92,6 +92,7 @@ LAYERS = {
         "segpipe.defaults",
         "segpipe.estimate",
         "segpipe.space",
+        "segpipe.flags",
         "segpipe.status",
         "segpipe.results",
         "segpipe.repairs",

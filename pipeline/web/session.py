@@ -27,6 +27,7 @@ from segpipe.errors import (
     StoreNotReady,
     os_error_line,
 )
+from segpipe.flags import ChunkMeasures, detect, written
 from segpipe.fsutil import resolved
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
@@ -76,6 +77,7 @@ class Studio:
         self._starting = threading.Lock()  # a job's check and start are one step
         self._frames = FrameSource(self.path)
         self._masks = ChunkMasks()
+        self._measures, self._measuring = ChunkMeasures(), False  # the flags' (`scores`)
         self.source = source
         self.decoding = not _decoded(self.path)
         if not self.decoding:
@@ -207,21 +209,37 @@ class Studio:
 
     def scores(self) -> dict:
         """Per tracked object its score and mask area on every frame (None where untracked),
-        the frames a pass reached, and where each object is lost (`lost_flags`): what the
-        timeline strips draw."""
+        the frames a pass reached, and where each object may be lost (`segpipe.flags`, as
+        [frame, kind, reason] per object): what the timeline strips draw. Flags that look
+        at masks come as their chunks are measured, in the background (`_measure`)."""
         store = self.store()
         settings = stored_settings(store)
-        empty = {"objects": [], "scores": [], "areas": [], "tracked": [], "flags": []}
+        empty = {
+            "objects": [],
+            "scores": [],
+            "areas": [],
+            "tracked": [],
+            "flags": [],
+            "measuring": False,
+        }
         if settings is None or store.array("object_scores") is None:
             return empty
-        scores = _written(store, "object_scores", np.nan)  # then areas: see `Tracker.write`
-        areas = _written(store, "object_areas", 0)
-        tracked = _written(store, "tracked", False)
+        scores = written(store, "object_scores", np.nan)  # then areas: see `Tracker.write`
+        areas = written(store, "object_areas", 0)
+        tracked = written(store, "tracked", False)
         if scores is None or areas is None or tracked is None or scores.shape != areas.shape:
             return empty  # reset since it looked (new prompts): the page asks again
+        if store.array("masks") is None or store.array("masks").shape[1] != scores.shape[1]:
+            return empty
+        self._measure(store)
+        ids = list(settings["object_ids"])
+        video = store.attrs["video"]
+        found = detect(
+            scores, areas, self._measures.measured(store), ids, video["width"] * video["height"]
+        )
         tracked, untracked = tracked.any(axis=1), np.isnan(scores)
         return {
-            "objects": list(settings["object_ids"]),
+            "objects": ids,
             "scores": [
                 [None if np.isnan(s) else round(float(s), 3) for s in scores[:, o]]
                 for o in range(scores.shape[1])
@@ -231,8 +249,28 @@ class Studio:
                 for o in range(areas.shape[1])
             ],
             "tracked": [bool(t) for t in tracked],
-            "flags": lost_flags(scores, areas, store.attrs["video"]),
+            "flags": [[[f.frame, f.kind, f.reason] for f in found if f.object == i] for i in ids],
+            "measuring": self._measuring,  # (flags from masks still to come)
         }
+
+    def _measure(self, store: RunStore) -> None:
+        """Measure the chunks not measured yet (or rewritten since) on a thread of its own,
+        then tell the tabs (their next scores have those chunks' flags)."""
+        with self._starting:
+            if self._measuring or not self._measures.stale(store):
+                return
+            self._measuring = True
+
+        def work():
+            try:
+                self._measures.measure_rest(RunStore.open(self.path, read_only=True))
+            except Exception:  # noqa: BLE001 - reset meanwhile, say: measured when it changes
+                return
+            finally:
+                self._measuring = False
+            self.bump()
+
+        threading.Thread(target=work, name="segpipe-flags", daemon=True).start()
 
     # -- prompts -----------------------------------------------------------------------------
     def _stored_entries(self, store: RunStore) -> list[dict]:
@@ -758,53 +796,8 @@ def _centre(mask: np.ndarray) -> tuple[float, float]:
     return float(xs.mean()), float(ys.mean())
 
 
-JUMP_RATIO = 2.0  # an area that doubles or halves from one frame to the next
-JUMP_MIN = 0.001  # ... by at least this share of the frame (a few pixels' flicker is none)
-
-
-def lost_flags(scores: np.ndarray, areas: np.ndarray, video: dict) -> list[list]:
-    """Per object slot, the frames where tracking may have been lost, as [frame, kind]:
-    "absent" where its score falls to zero or below (SAM 2 then draws no mask), "vanished"
-    where its mask empties while the score still says present, "jump" where its area
-    doubles or halves (by at least `JUMP_MIN` of the frame). Each compares a frame with the
-    one before, both tracked."""
-    least = JUMP_MIN * video["width"] * video["height"]
-    s0, s1 = scores[:-1], scores[1:]  # (T - 1, O): each frame after the first, and the one before
-    a0, a1 = areas[:-1].astype(np.float64), areas[1:].astype(np.float64)
-    both = ~np.isnan(s0) & ~np.isnan(s1)
-    absent = both & (s1 <= 0) & (s0 > 0)
-    vanished = both & (s1 > 0) & (a1 == 0) & (a0 > 0)
-    lo, hi = np.minimum(a0, a1), np.maximum(a0, a1)
-    jump = both & ~absent & ~vanished & (lo > 0) & (hi >= JUMP_RATIO * lo) & (hi - lo >= least)
-    kind = np.select([absent, vanished, jump], ["absent", "vanished", "jump"], "")
-    return [
-        [[int(f) + 1, str(kind[f, o])] for f in np.nonzero(kind[:, o])[0]]
-        for o in range(scores.shape[1])
-    ]
-
-
 def _decoded(path: Path) -> bool:
     return RunStore.exists(path) and "frame_count" in RunStore.open(path, read_only=True).attrs
-
-
-def _written(store: RunStore, name: str, missing) -> np.ndarray | None:
-    """The array, chunk by chunk, with `missing` where a chunk is not written yet (the
-    tracking under way has not reached it); None where there is no such array (any more)."""
-    plan, arr = store.plan, store.array(name)
-    if arr is None:
-        return None
-    out = np.full(arr.shape, missing, arr.dtype)
-    for k in range(plan.num_chunks):
-        lo, hi = plan.bounds(k)
-        try:
-            out[lo:hi] = store.read(name, lo, hi)
-        except DamagedStore:  # some objects' zarr chunks: groups of objects write apart
-            for o in range(arr.shape[1]):
-                try:
-                    out[lo:hi, o] = store.read(name, lo, hi, cols=slice(o, o + 1))[:, 0]
-                except DamagedStore:
-                    pass
-    return out
 
 
 def png(a: np.ndarray) -> bytes:

@@ -446,7 +446,9 @@ function scoreAt(id, f) {
   return slot < 0 ? null : S.scores.scores[slot][f];
 }
 
-const FLAG_COLOURS = { absent: "#ff1744", jump: "#ff9100", vanished: "#ffea00" };
+const FLAG_COLOURS = {
+  absent: "#ff1744", vanished: "#ffea00", area: "#ff9100", jump: "#d500f9", iou: "#00e5ff", overlap: "#ffffff",
+};
 
 function findLost() {
   const lost = new Set();
@@ -495,7 +497,52 @@ function drawStrips() {
 
 function jumpLost(step) {
   const next = step > 0 ? S.lost.find((f) => f > S.frame) : [...S.lost].reverse().find((f) => f < S.frame);
-  if (next !== undefined) goFrame(next);
+  if (next === undefined) return;
+  goFrame(next);
+  sayFlags(next);
+}
+
+// what was flagged on frame f, and why (after [ or ], or a click in the flag list)
+function sayFlags(f) {
+  const said = [];
+  S.scores.objects.forEach((id, slot) => {
+    for (const [frame, kind, reason] of S.scores.flags[slot]) if (frame === f) said.push(`${called(id)}: ${kind}, ${reason}`);
+  });
+  $("flag-said").textContent = said.length ? `frame ${f}: ${said.join("; ")}` : "";
+}
+
+function called(id) {
+  const label = S.labels.get(id) || {};
+  return label.name ? `${id} ${label.name}` : `object ${id}`;
+}
+
+// the flag list: every flag by object, its reason, a link to its frame
+function drawFlagList() {
+  const list = $("flag-list");
+  list.textContent = "";
+  let n = 0;
+  S.scores.objects.forEach((id, slot) => {
+    for (const [frame, kind, reason] of S.scores.flags[slot]) {
+      const li = document.createElement("li");
+      li.dataset.frame = frame;
+      li.dataset.object = id;
+      const go = document.createElement("button");
+      go.className = "go";
+      go.textContent = `frame ${frame}`;
+      go.onclick = () => { goFrame(frame); sayFlags(frame); };
+      const mark = document.createElement("span");
+      mark.className = "mark";
+      mark.style.background = FLAG_COLOURS[kind];
+      const what = document.createElement("span");
+      what.textContent = `${called(id)}: ${kind}`;
+      what.title = reason;
+      li.title = `${called(id)}, frame ${frame}: ${kind}, ${reason}`;
+      li.append(mark, go, what);
+      list.append(li);
+      n += 1;
+    }
+  });
+  $("flag-count").textContent = n ? `(${n})` : "";
 }
 
 // -- tracking --------------------------------------------------------------------------------
@@ -507,6 +554,7 @@ async function refresh() {
   await loadSteps();
   drawPromptList();
   findLost();
+  drawFlagList();
   drawObjects();
   drawStrips();
   S.shown = null; // the masks may have changed: load the frame again

@@ -1,0 +1,283 @@
+"""Where tracking may have gone wrong: flags per object and frame, as a reviewer would look
+for them, from what the store holds (scores, areas and masks).
+
+Each flag marks the frame where a condition starts (not every frame it lasts), comparing a
+tracked frame with the tracked frame before it:
+
+- "absent": the object score falls to zero or below (SAM 2 then draws no mask);
+- "vanished": the mask empties while the score still says present;
+- "area": the area is twice or half the running median of the object's last
+  `MEDIAN_WINDOW` present frames (a gradual growth onto the background shows too, not
+  only a jump from one frame to the next);
+- "jump": the mask's centre moves more than `JUMP_BODY` body lengths (a body length is
+  the square root of its area) from one frame to the next;
+- "iou": the mask overlaps the one before it by less than `IOU_MIN` (intersection over
+  union);
+- "overlap": more than `OVERLAP` of the smaller of two objects' masks is the other's (two
+  objects on one target).
+
+Areas are the store's (`object_areas`); centres and overlaps are measured on the masks
+seen through a grid of at most `GRID` points a side (`measure`), so that measuring a chunk
+costs little beside reading it. Thresholds are module constants, as `benchmarks/bench_flags.py`
+chose them on generated clips with known failures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from segpipe.errors import DamagedStore
+from segpipe.store.masks import mask_batches, read_masks
+from segpipe.store.runstore import RunStore
+from segpipe.store.tracking import stored_settings
+
+MEDIAN_WINDOW = 30  # present frames the running median of an area looks back over
+MEDIAN_LEAST = 3  # ... of which at least this many, before an area is compared with it
+AREA_RATIO = 1.8
+JUMP_BODY = 1.0
+IOU_MIN = 0.2
+OVERLAP = 0.5
+LEAST = 0.0005  # masks under this share of the frame are too small to measure shape by
+GRID = 256
+KINDS = ("absent", "vanished", "area", "jump", "iou", "overlap")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag: `object` (its id), `frame`, `kind` (one of `KINDS`) and `reason`, a
+    line that says what was seen."""
+
+    object: int
+    frame: int
+    kind: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {
+            "object": self.object,
+            "frame": self.frame,
+            "kind": self.kind,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Measures:
+    """Per frame and object slot: `centres` (x, y in pixels; NaN where empty), `iou` with
+    the frame before (NaN where either is empty), `overlap` (the largest share of the
+    smaller mask that another object's mask covers; 0 alone)."""
+
+    centres: np.ndarray  # (n, O, 2) float32
+    iou: np.ndarray  # (n, O) float32
+    overlap: np.ndarray  # (n, O) float32
+
+    @classmethod
+    def empty(cls, n: int, objects: int) -> "Measures":
+        return cls(
+            np.full((n, objects, 2), np.nan, np.float32),
+            np.full((n, objects), np.nan, np.float32),
+            np.zeros((n, objects), np.float32),
+        )
+
+    @classmethod
+    def joined(cls, parts: list["Measures"]) -> "Measures":
+        return cls(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("centres", "iou", "overlap"))
+        )
+
+
+def stride(height: int, width: int) -> int:
+    return max(1, -(-max(height, width) // GRID))
+
+
+def measure(masks: np.ndarray, before: np.ndarray | None) -> tuple[Measures, np.ndarray]:
+    """The measures of (n, O, H, W) masks seen through the grid, and the last frame's masks
+    on it (for the next call's `before`, the frame before these: None at the video's start)."""
+    n, O, H, W = masks.shape
+    s = stride(H, W)
+    small = masks[:, :, ::s, ::s]
+    out = Measures.empty(n, O)
+    ys, xs = np.mgrid[0:H:s, 0:W:s].astype(np.float32)
+    for t in range(n):
+        frame = small[t]
+        counts = frame.reshape(O, -1).sum(1)
+        for o in np.nonzero(counts)[0]:
+            m = frame[o]
+            out.centres[t, o] = xs[m].mean(), ys[m].mean()
+        prev = small[t - 1] if t else before
+        if prev is not None:
+            inter = (prev & frame).reshape(O, -1).sum(1)
+            union = (prev | frame).reshape(O, -1).sum(1)
+            both = (counts > 0) & (prev.reshape(O, -1).sum(1) > 0)
+            out.iou[t, both] = inter[both] / union[both]
+        present = np.nonzero(counts)[0]
+        for i, a in enumerate(present):
+            for b in present[i + 1 :]:
+                share = (frame[a] & frame[b]).sum() / min(counts[a], counts[b])
+                out.overlap[t, a] = max(out.overlap[t, a], share)
+                out.overlap[t, b] = max(out.overlap[t, b], share)
+    return out, small[-1]
+
+
+def measure_chunk(store: RunStore, k: int) -> Measures:
+    """Chunk k's measures, from its masks (read in bounded batches) and the last frame of
+    the chunk before; frames not written yet measure empty."""
+    plan, arr = store.plan, store.array("masks")
+    lo, hi = plan.bounds(k)
+    O, (H, W) = arr.shape[1], arr.shape[2:]
+    slots = list(range(O))
+    before = None
+    if lo > 0:
+        try:
+            s = stride(H, W)
+            before = read_masks(store, lo - 1, lo, slots, packed=False)[0][:, ::s, ::s]
+        except DamagedStore:  # the chunk before is not written yet
+            before = None
+    parts = []
+    try:
+        for _, masks in mask_batches(store, lo, hi, slots):
+            got, before = measure(masks, before)
+            parts.append(got)
+    except DamagedStore:  # not written yet (a tracking under way)
+        return Measures.empty(hi - lo, O)
+    return Measures.joined(parts)
+
+
+def detect(scores, areas, measures: Measures, ids: list[int], frame_pixels: int) -> list[Flag]:
+    """The flags of objects `ids` (slots in order) from (T, O) scores (NaN: untracked) and
+    areas, and their `measures` (frames not measured: NaN centres and IoUs, no overlap)."""
+    flags = []
+    least = LEAST * frame_pixels
+    for o, obj in enumerate(ids):
+        flags += _object_flags(scores[:, o], areas[:, o], measures, o, obj, least)
+    return sorted(flags, key=lambda f: (f.frame, f.object))
+
+
+def _object_flags(score, area, m: Measures, o: int, obj: int, least: float) -> list[Flag]:
+    out, history, was = [], [], set()
+    for t in range(1, len(score)):
+        if np.isnan(score[t]) or np.isnan(score[t - 1]):
+            was = set()
+            continue
+        now = _conditions(score, area, m, o, t, history, least)
+        for kind, reason in now.items():
+            if kind not in was:
+                out.append(Flag(obj, t, kind, reason))
+        was = set(now)
+        if score[t] > 0 and area[t] > 0:
+            history = [*history, float(area[t])][-MEDIAN_WINDOW:]
+    return out
+
+
+def _conditions(score, area, m: Measures, o: int, t: int, history, least: float) -> dict:
+    """What holds on frame t (kind: reason)."""
+    now = {}
+    a, a0 = float(area[t]), float(area[t - 1])
+    if score[t] <= 0 < score[t - 1]:
+        now["absent"] = f"its score fell to {score[t]:.2f}"
+    if score[t] > 0 and a == 0 < a0:
+        now["vanished"] = f"its mask emptied with its score at {score[t]:.2f}"
+    if a >= least and len(history) >= MEDIAN_LEAST:
+        median = float(np.median(history))
+        if a >= AREA_RATIO * median or a <= median / AREA_RATIO:
+            now["area"] = f"its area is {a / median:.1f}x its running median ({a:.0f} px)"
+    c, c0 = m.centres[t, o], m.centres[t - 1, o]
+    if min(a, a0) >= least and not np.isnan(c).any() and not np.isnan(c0).any():
+        body = np.sqrt((a + a0) / 2)
+        moved = float(np.hypot(*(c - c0)) / body)
+        if moved > JUMP_BODY:
+            now["jump"] = f"its centre moved {moved:.1f} body lengths"
+        if not np.isnan(m.iou[t, o]) and m.iou[t, o] < IOU_MIN:
+            now["iou"] = f"its mask overlaps the frame before's by {m.iou[t, o]:.2f} (IoU)"
+    if a >= least and m.overlap[t, o] > OVERLAP:
+        now["overlap"] = f"{m.overlap[t, o]:.0%} of it is another object's"
+    return now
+
+
+def written(store: RunStore, name: str, missing) -> np.ndarray | None:
+    """The array, chunk by chunk, with `missing` where a chunk is not written yet (a
+    tracking under way has not reached it); None where there is no such array (any more)."""
+    plan, arr = store.plan, store.array(name)
+    if arr is None:
+        return None
+    out = np.full(arr.shape, missing, arr.dtype)
+    for k in range(plan.num_chunks):
+        lo, hi = plan.bounds(k)
+        try:
+            out[lo:hi] = store.read(name, lo, hi)
+        except DamagedStore:  # some objects' zarr chunks: groups of objects write apart
+            for o in range(arr.shape[1]):
+                try:
+                    out[lo:hi, o] = store.read(name, lo, hi, cols=slice(o, o + 1))[:, 0]
+                except DamagedStore:
+                    pass
+    return out
+
+
+class ChunkMeasures:
+    """Each chunk's measures, kept while its masks (and the chunk before's) stay as they
+    were: a chunk's are measured again once a pass rewrites it. `measured` gives what is
+    measured so far; `measure_rest` measures the rest (the studio does it in the
+    background, chunk by chunk as they commit)."""
+
+    def __init__(self):
+        self.kept: dict[int, tuple] = {}  # chunk -> (key, Measures)
+
+    @staticmethod
+    def _key(store: RunStore, k: int) -> tuple:
+        folders = [store.path / "masks" / "c" / str(j) for j in (k - 1, k) if j >= 0]
+        try:
+            return tuple(
+                (str(f), f.stat().st_mtime_ns)
+                for folder in folders
+                if folder.is_dir()
+                for f in sorted(folder.rglob("*"))
+            )
+        except FileNotFoundError:  # written (renamed in) or reset this moment
+            return ("changing",)
+
+    def stale(self, store: RunStore) -> list[int]:
+        """The chunks whose masks are written and not measured as they are now."""
+        out = []
+        for k in range(store.plan.num_chunks):
+            key = self._key(store, k)
+            if (store.path / "masks" / "c" / str(k)).is_dir() and self.kept.get(k, (None,))[
+                0
+            ] != key:
+                out.append(k)
+        return out
+
+    def measure_rest(self, store: RunStore, chunks: list[int] | None = None) -> None:
+        for k in self.stale(store) if chunks is None else chunks:
+            key = self._key(store, k)
+            self.kept[k] = (key, measure_chunk(store, k))
+
+    def measured(self, store: RunStore) -> Measures:
+        """Every frame's measures: those of chunks not measured (or changed since) empty."""
+        plan, O = store.plan, store.array("masks").shape[1]
+        parts = []
+        for k in range(plan.num_chunks):
+            lo, hi = plan.bounds(k)
+            key, got = self.kept.get(k, (None, None))
+            fits = got is not None and got.iou.shape == (hi - lo, O) and key == self._key(store, k)
+            parts.append(got if fits else Measures.empty(hi - lo, O))
+        return Measures.joined(parts)
+
+
+def of_store(store: RunStore, measures: Measures | None = None) -> list[Flag]:
+    """The flags of a tracked store (every chunk's masks read once, unless `measures` are
+    given); none before anything is tracked."""
+    settings = stored_settings(store)
+    scores = written(store, "object_scores", np.nan) if settings is not None else None
+    areas = written(store, "object_areas", 0) if scores is not None else None
+    if settings is None or scores is None or areas is None or store.array("masks") is None:
+        return []
+    if measures is None:
+        cache = ChunkMeasures()
+        cache.measure_rest(store)
+        measures = cache.measured(store)
+    video = store.attrs["video"]
+    return detect(
+        scores, areas, measures, list(settings["object_ids"]), video["width"] * video["height"]
+    )
