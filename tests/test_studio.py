@@ -1205,3 +1205,88 @@ def test_a_correction_that_moves_an_object_onto_another_is_said_before_track(bro
         page.close()
     finally:
         server.stop()
+
+
+def frame_rgb(page) -> np.ndarray:
+    """The frame the canvas shows, without masks or marks."""
+    W, H = page.evaluate("[studio.info.width, studio.info.height]")
+    data = page.evaluate(
+        """() => { const c = new OffscreenCanvas(studio.info.width, studio.info.height);
+        const g = c.getContext('2d'); g.drawImage(studio.image, 0, 0);
+        return Array.from(g.getImageData(0, 0, c.width, c.height).data); }"""
+    )
+    return np.array(data, np.uint8).reshape(H, W, 4)[..., :3]
+
+
+def test_masks_drawn_as_outlines_and_one_object_alone(browser, store, small):
+    """Issue 47 item 5: "o" draws each mask's outline (its pixels with a 4-neighbour not
+    its own, in its colour, opaque) and leaves the rest of the frame as it is; "s" shows the
+    selected object's masks alone, "s" again all of them."""
+    import segpipe
+    from segpipe.web.server import StudioServer
+
+    entries = json.loads((small / "prompts.json").read_text())["prompts"][:2]
+    segpipe.track(store, entries, execution=segpipe.Execution(progress=False))
+    server = StudioServer(store, port=0).start()
+    try:
+        page = open_page(browser, server.url + "?frame=14")
+        page.wait_for_function(
+            "document.body.dataset.refreshed == studio.version && studio.shown === 14"
+        )
+        values = np.array(page.evaluate("Array.from(studio.tracked)"))
+        W, H = page.evaluate("[studio.info.width, studio.info.height]")
+        values = values.reshape(H, W)
+        padded = np.pad(values, 1, constant_values=-1)
+        edge = (values > 0) & (
+            (padded[:-2, 1:-1] != values)
+            | (padded[2:, 1:-1] != values)
+            | (padded[1:-1, :-2] != values)
+            | (padded[1:-1, 2:] != values)
+        )
+        assert edge.sum() > 10 and ((values > 0) & ~edge).sum() > 10  # outlines and insides
+        page.keyboard.press("o")
+        assert page.input_value("#view-mode") == "outline"
+        shown, frame = canvas_rgb(page), frame_rgb(page)
+        colours = np.array([PALETTE[1], PALETTE[2]], np.uint8)
+        assert (shown[edge] == colours[values[edge] - 1]).all()
+        assert (shown[~edge] == frame[~edge]).all()  # insides and the rest: the frame itself
+        page.keyboard.press("o")  # filled again
+        assert tinted(page, PALETTE[1]).sum() > 20 and tinted(page, PALETTE[2]).sum() > 20
+        page.keyboard.press("1")
+        page.keyboard.press("s")  # object 1 alone
+        assert tinted(page, PALETTE[1]).sum() > 20 and tinted(page, PALETTE[2]).sum() == 0
+        page.keyboard.press("s")
+        assert tinted(page, PALETTE[2]).sum() > 20
+        assert not page.errors, page.errors
+        page.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("width", [1024, 1280, 1920])
+def test_the_toolbar_does_not_move_when_the_status_changes(browser, studio, width):
+    """Issue 47 item 6: at 1024, 1280 and 1920 pixels wide, every control and the frame keep
+    their boxes while the texts that change (the job's progress, an error, a warning, what
+    a flag says, the score, the store's read-only note) go from empty to long."""
+    page = browser.new_page(viewport={"width": width, "height": 800})
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(studio.url)
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    boxes = """() => Object.fromEntries([...document.querySelectorAll(
+        'header button, header input, header select, header a, footer button, footer input, #view')]
+        .map((e) => [e.id || e.dataset.object || e.textContent, JSON.stringify(e.getBoundingClientRect())]))"""
+    texts = ["progress", "error", "warning", "flag-said", "score", "store"]
+    for text in texts:
+        page.evaluate(f"document.getElementById('{text}').textContent = ''")
+    before = page.evaluate(boxes)
+    long = "tracking (forward): 123456/999999 frames, 12.34 frames/s, 99999 s left " * 3
+    for text in texts:
+        page.evaluate(f"document.getElementById('{text}').textContent = {json.dumps(long)}")
+    assert page.evaluate(boxes) == before
+    assert page.evaluate("document.querySelector('header').getBoundingClientRect().height") < 120
+    for label in ("radius", "passes", "to"):  # the boxes say what they are
+        assert page.locator("header label", has_text=label).count() >= 1, label
+    page.screenshot(path=SHOTS / f"studio_{width}.png")
+    assert not page.errors, page.errors
+    page.close()

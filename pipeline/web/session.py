@@ -483,6 +483,7 @@ class Studio:
             span = Span.of(stored_settings(store), store.plan.num_frames)
             job.new += span.count_in(direction, *store.plan.bounds(k))
             job.done, job.total = tracked_frames(store)
+            job.phase, job.committed = direction, time.monotonic()
             self.bump()
 
         if "model" not in self.store().attrs:  # recorded; chunks encoded as tracked
@@ -609,8 +610,9 @@ class Job:
     def __init__(self):
         self.kind, self.state, self.message = "", "idle", ""
         self.done = self.total = self.new = 0  # frames done, to do, done by this job
+        self.phase = ""  # what it does now: a tracking's pass ("forward", "reverse")
         self.runs = 0  # jobs started
-        self.began = None
+        self.began = self.committed = None  # when it started, and last moved
         self.thread = None
         self._stop = threading.Lock()  # a Cancel and the end of the work, one at a time
 
@@ -624,8 +626,9 @@ class Job:
         holds `claim` (the store's lock, taken by the caller) until it ends."""
         self.kind, self.state, self.message = kind, "running", ""
         self.done = self.total = self.new = 0
+        self.phase = ""
         self.runs += 1
-        self.began = time.monotonic()
+        self.began, self.committed = time.monotonic(), None
         with self._stop:
             interrupt.clear()  # no Cancel of an earlier job stops this one
         self.thread = threading.Thread(target=self._run, args=(studio, work, claim), daemon=True)
@@ -661,6 +664,7 @@ class Job:
         """A `log.watching` callback: the stage's bar moved (the events stream, which polls
         the progress, tells the tabs; nothing of the store changed for them to reload)."""
         self.done, self.total, self.new = n, total or 0, n - initial
+        self.phase, self.committed = desc, time.monotonic()
 
     def cancel(self) -> None:
         """As one Ctrl-C: the work stops after its next commit (every stage checks then)."""
@@ -669,18 +673,24 @@ class Job:
                 interrupt.request()
 
     def snapshot(self) -> dict:
-        elapsed = time.monotonic() - self.began if self.began else 0.0
-        rate = self.new / elapsed if self.new and elapsed else 0.0
-        eta = (self.total - self.done) / rate if rate else None
+        """Its state; the rate is the frames done over the time to the last time they
+        moved, and the ETA counts down from then (it does not grow while a chunk is under
+        way)."""
+        rate = eta = None
+        if self.new and self.committed and self.committed > self.began:
+            rate = self.new / (self.committed - self.began)
+            since = time.monotonic() - self.committed
+            eta = max(0.0, (self.total - self.done) / rate - since)
         return {
             "kind": self.kind,
             "state": self.state,
+            "phase": self.phase,
             "runs": self.runs,
             "message": self.message,
             "done": self.done,
             "total": self.total,
-            "rate": round(rate, 2),
-            "eta": None if eta is None else round(eta, 1),
+            "rate": 0.0 if rate is None else round(rate, 2),
+            "eta": None if eta is None else round(eta),
         }
 
 

@@ -10,7 +10,8 @@ const S = {
   info: null, frame: 0, selected: 1, labels: new Map(), entries: [], steps: { undo: 0, redo: 0 },
   scores: { objects: [], scores: [], areas: [], tracked: [], flags: [] }, lost: [],
   image: null, tracked: null, previews: new Map(), playing: false, version: -1,
-  drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(),
+  drag: null, inFlight: null, shown: null, tool: "prompt", paint: null, hidden: new Set(), solo: null,
+  cache: new Map(), // frame -> the promise of its image and masks (playback reads ahead)
 };
 window.studio = S; // read by the tests (and handy in the console)
 
@@ -30,7 +31,7 @@ async function api(path, options = {}) {
 }
 const json = (body) => ({ method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
 
-function say(message) { $("error").textContent = message || ""; }
+function say(message) { $("error").textContent = $("error").title = message || ""; }
 async function guarded(fn) {
   try { say(""); return await fn(); } catch (e) { say(e.message); }
 }
@@ -87,6 +88,18 @@ async function nameSelected() {
   if (cls) label.class = cls;
   labels.set(id, label);
   await putLabels(labels);
+}
+
+// solo: only the selected object's masks shown (s again: every object's)
+function toggleSolo() {
+  S.solo = S.solo === S.selected ? null : S.selected;
+  $("solo").classList.toggle("selected", S.solo !== null);
+  draw();
+}
+
+function toggleOutline() {
+  $("view-mode").value = $("view-mode").value === "outline" ? "fill" : "outline";
+  draw();
 }
 
 function toggleHidden(id) {
@@ -344,12 +357,31 @@ function pixelValues(bitmap, wide = false) {
   return out;
 }
 
+// frame n's image and masks, fetched once while they are wanted: playback asks for the
+// frames ahead while it shows this one (at most AHEAD, dropped once shown or passed)
+const AHEAD = 8;
+function fetchFrame(n) {
+  if (!S.cache.has(n)) {
+    const got = Promise.all([
+      api(`frames/${n}.jpg`).then((r) => r.blob()).then(createImageBitmap),
+      api(`masks/${n}.png`).then(async (r) => [
+        await createImageBitmap(await r.blob()), r.headers.get("X-Mask-Format") === "rgb"]),
+    ]);
+    got.catch(() => S.cache.delete(n));
+    S.cache.set(n, got);
+  }
+  return S.cache.get(n);
+}
+
+function readAhead(n) {
+  for (const f of [...S.cache.keys()]) if (f < n || f > n + AHEAD) S.cache.delete(f);
+  for (let f = n + 1; f <= Math.min(n + AHEAD, S.info.frames - 1); f++) fetchFrame(f);
+}
+
 async function loadFrame(n) {
-  const [image, [masks, wide]] = await Promise.all([
-    api(`frames/${n}.jpg`).then((r) => r.blob()).then(createImageBitmap),
-    api(`masks/${n}.png`).then(async (r) => [
-      await createImageBitmap(await r.blob()), r.headers.get("X-Mask-Format") === "rgb"]),
-  ]);
+  const [image, [masks, wide]] = await fetchFrame(n);
+  if (!S.playing) S.cache.clear(); // (stepping or scrubbing: masks may change meanwhile)
+  else S.cache.delete(n);
   S.image = image;
   S.tracked = pixelValues(masks, wide);
   S.shown = n;
@@ -396,30 +428,37 @@ function draw() {
     const [f, o] = key.split(":").map(Number);
     if (f === S.frame) shown.add(o);
   }
+  const outline = $("view-mode").value === "outline";
+  const visible = (id) => !S.hidden.has(id) && (S.solo === null || S.solo === id);
   if (S.tracked) {
+    const value = S.tracked;
     for (let i = 0; i < W * H; i++) {
-      const v = S.tracked[i];
+      const v = value[i];
       if (!v) continue;
       const id = slots[v - 1];
-      if (id === undefined || shown.has(id) || S.hidden.has(id)) continue;
-      tint(px, i, colour(id), alpha);
+      if (id === undefined || shown.has(id) || !visible(id)) continue;
+      if (!outline) tint(px, i, colour(id), alpha);
+      else if (edge(value, i, W, H)) tint(px, i, colour(id), 1);
     }
   }
   for (const [key, p] of S.previews) {
     const [f, o] = key.split(":").map(Number);
-    if (f !== S.frame || S.hidden.has(o)) continue;
-    for (let i = 0; i < W * H; i++) if (p.mask[i]) tint(px, i, colour(o), alpha);
+    if (f !== S.frame || !visible(o)) continue;
+    for (let i = 0; i < W * H; i++) {
+      if (!p.mask[i]) continue;
+      if (!outline) tint(px, i, colour(o), alpha);
+      else if (edge(p.mask, i, W, H)) tint(px, i, colour(o), 1);
+    }
   }
   g.putImageData(overlay, 0, 0);
+  const r = markerRadius();
   for (const e of S.entries) {
     if (e.frame !== S.frame) continue;
-    g.strokeStyle = `rgb(${colour(e.object).join(",")})`;
-    g.lineWidth = 2;
+    const rgb = `rgb(${colour(e.object).join(",")})`;
+    g.strokeStyle = rgb;
+    g.lineWidth = Math.max(2, r / 2);
     if (e.box) g.strokeRect(e.box[0], e.box[1], e.box[2] - e.box[0], e.box[3] - e.box[1]);
-    (e.points || []).forEach(([x, y], j) => {
-      g.fillStyle = e.labels[j] ? "#4caf50" : "#f44336";
-      g.beginPath(); g.arc(x, y, 3, 0, 2 * Math.PI); g.fill(); g.stroke();
-    });
+    (e.points || []).forEach(([x, y], j) => marker(g, x, y, r, rgb, e.labels[j] === 1));
   }
   if (S.drag && S.drag.moved) {
     g.strokeStyle = "#fff";
@@ -430,6 +469,33 @@ function draw() {
   }
   const s = scoreAt(S.selected, S.frame);
   $("score").textContent = s === null ? "" : `object ${S.selected} score ${s.toFixed(2)}`;
+}
+
+// a pixel of a mask (values: 0 none, else who) on its outline: a 4-neighbour is another's
+function edge(value, i, W, H) {
+  const v = value[i], x = i % W;
+  return x === 0 || x === W - 1 || i < W || i >= W * (H - 1)
+    || value[i - 1] !== v || value[i + 1] !== v || value[i - W] !== v || value[i + W] !== v;
+}
+
+// a point prompt: a disc in its object's colour, ringed white with a "+" where positive,
+// black with a "-" where negative, about 7 screen pixels across whatever the video's size
+function markerRadius() {
+  const shown = $("view").getBoundingClientRect().width || S.info.width;
+  return Math.max(3, (7 * S.info.width) / shown);
+}
+
+function marker(g, x, y, r, rgb, positive) {
+  const ink = positive ? "#fff" : "#000";
+  g.fillStyle = rgb;
+  g.strokeStyle = ink;
+  g.lineWidth = r / 2;
+  g.beginPath(); g.arc(x, y, r, 0, 2 * Math.PI); g.fill(); g.stroke();
+  g.lineWidth = Math.max(1, r / 3);
+  g.beginPath();
+  g.moveTo(x - r / 2, y); g.lineTo(x + r / 2, y);
+  if (positive) { g.moveTo(x, y - r / 2); g.lineTo(x, y + r / 2); }
+  g.stroke();
 }
 
 function tint(px, i, rgb, a) {
@@ -558,6 +624,7 @@ async function refresh() {
   drawObjects();
   drawStrips();
   S.shown = null; // the masks may have changed: load the frame again
+  S.cache.clear();
   await goFrame(S.frame);
   document.body.dataset.refreshed = version; // (what the page shows is the server's then)
 }
@@ -565,16 +632,21 @@ async function refresh() {
 function showProgress(p) {
   const tracking = p.kind === "track";
   const rate = p.rate ? `, ${p.rate} frames/s, ${p.eta ?? "?"} s left` : "";
+  const doing = tracking ? `tracking${p.phase ? ` (${p.phase})` : ""}` : p.kind;
   const text = {
     idle: "",
-    running: p.total ? `${tracking ? "tracking" : p.kind}: ${p.done}/${p.total} frames${rate}`
-      : p.done ? `${p.kind}: ${p.done} frames` : `${p.kind}...`,
-    done: p.message || (tracking ? `tracked ${p.total} frames` : "done"),
+    running: p.total ? `${doing}: ${p.done}/${p.total} frames${rate}`
+      : p.done ? `${doing}: ${p.done} frames` : `${doing}...`,
+    done: p.kind === "decode" ? "" : p.message || (tracking ? `tracked ${p.total} frames` : "done"),
     cancelled: p.message,
     interrupted: p.message,
     failed: `failed: ${p.message}`,
   }[p.state];
   $("progress").textContent = text;
+  $("progress").title = text;
+  const running = p.state === "running";
+  $("cancel").disabled = !running;
+  $("cancel").title = running ? "stop after the chunk in flight" : "nothing is running";
   document.body.dataset.job = p.state;
   document.body.dataset.runs = p.runs;
 }
@@ -601,17 +673,18 @@ function listen() {
     connected(false);
     if (events.readyState === EventSource.CLOSED) setTimeout(listen, 2000); // it gave up
   };
-  events.onmessage = (m) => {
+  events.onmessage = async (m) => {
     const p = JSON.parse(m.data);
-    showProgress(p);
     $("store").textContent = S.info.store + (p.read_only ? " (read-only)" : "");
     if (p.read_only !== S.readOnly) { S.readOnly = p.read_only; say(p.read_only || ""); }
     if (p.state === "done" && S.lastState === "running") S.previews.clear(); // tracked now
     S.lastState = p.state;
-    if (p.version !== S.version) {
+    S.said = p; // the latest: shown once what it says is on the page (a job's end after
+    if (p.version !== S.version) { //  its last chunk's strips)
       S.version = p.version;
-      guarded(refresh);
+      await guarded(refresh);
     }
+    if (S.said === p) showProgress(p);
   };
 }
 
@@ -667,6 +740,8 @@ function wire() {
   $("cancel").onclick = () => guarded(() => api("cancel", json({})));
   $("export").onclick = () => guarded(() => api("export", json({ format: $("export-format").value })));
   $("opacity").oninput = draw;
+  $("view-mode").onchange = draw;
+  $("solo").onclick = toggleSolo;
   for (const t of ["prompt", "brush", "eraser"]) $(`tool-${t}`).onclick = () => setTool(t);
   $("help-button").onclick = () => { $("help").hidden = !$("help").hidden; };
   $("strips").addEventListener("click", (e) => {
@@ -694,7 +769,7 @@ function wire() {
       Home: () => goFrame(0), End: () => goFrame(S.info.frames - 1), " ": togglePlay,
       "[": () => jumpLost(-1), "]": () => jumpLost(1), n: () => guarded(addObject),
       p: () => setTool("prompt"), b: () => setTool("brush"), e: () => setTool("eraser"),
-      h: () => toggleHidden(S.selected),
+      h: () => toggleHidden(S.selected), s: toggleSolo, o: toggleOutline,
       z: () => guarded(() => stepHistory("undo")), y: () => guarded(() => stepHistory("redo")),
       Z: () => guarded(() => stepHistory("redo")), t: () => guarded(track), Delete: () => guarded(deleteObject),
       "?": () => { $("help").hidden = !$("help").hidden; }, Escape: () => { $("help").hidden = true; },
@@ -736,11 +811,13 @@ async function togglePlay() {
   $("play").innerHTML = S.playing ? "&#10074;&#10074;" : "&#9654;";
   while (S.playing && S.frame < S.info.frames - 1) {
     const began = performance.now();
+    readAhead(S.frame + 1);
     await goFrame(S.frame + 1);
     const wait = 1000 / S.info.fps - (performance.now() - began);
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
   }
   S.playing = false;
+  S.cache.clear();
   $("play").innerHTML = "&#9654;";
 }
 
