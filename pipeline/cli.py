@@ -365,9 +365,10 @@ def encode(store, **options):
     "labels",
     default=None,
     type=click.Path(path_type=Path),
-    help="Names and classes of the objects, recorded once the tracking is done: a JSON file "
-    '{"objects": [{"id": 1, "name": "left mouse", "class": "mouse"}]} (a prompts file '
-    "may carry the same list). Exports show them; no tracking is redone for them.",
+    help='Names and classes of the objects: a JSON file {"objects": [{"id": 1, "name": '
+    '"left mouse", "class": "mouse"}]} (a prompts file may carry the same list), recorded '
+    "once the tracking of --prompts is done; without --prompts, nothing is tracked: the "
+    "names are recorded alone. Exports show them; no tracking is redone for them.",
 )
 @DIRECTION
 @WINDOW
@@ -392,9 +393,13 @@ def track(store, prompts, labels, **options):
     """
     with writing(store):
         named = None if labels is None else load_labels(labels)  # checked before any write
-        api.track(store, prompts, **from_options(options, Tracking, Encoding, Execution))
-        if named is not None:
+        settings = from_options(options, Tracking, Encoding, Execution)
+        if named is None or prompts is not None:
+            api.track(store, prompts, **settings)
+        if named is not None:  # (without --prompts, the names alone: nothing is tracked)
             api.label(store, list(named.values()))
+            said = ", ".join(map(str, sorted(named)))
+            log.result(f"track: names recorded for objects {said} in {store}", options["quiet"])
 
 
 class ExportFormats(click.Choice):

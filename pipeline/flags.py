@@ -10,7 +10,7 @@ tracked frame with the tracked frame before it:
   `MEDIAN_WINDOW` present frames (a gradual growth onto the background shows too, not
   only a jump from one frame to the next);
 - "jump": the mask's centre moves more than `JUMP_BODY` body lengths (a body length is
-  the square root of its area) from one frame to the next;
+  the square root of its mean area over the two frames) from one frame to the next;
 - "iou": the mask overlaps the one before it by less than `IOU_MIN` (intersection over
   union);
 - "overlap": more than `OVERLAP` of the smaller of two objects' masks is the other's (two
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from segpipe.errors import DamagedStore
+from segpipe.errors import DamagedStore, StoreNotReady
 from segpipe.store.masks import mask_batches, read_masks
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import stored_settings
@@ -151,48 +151,63 @@ def detect(scores, areas, measures: Measures, ids: list[int], frame_pixels: int)
     least = LEAST * frame_pixels
     for o, obj in enumerate(ids):
         flags += _object_flags(scores[:, o], areas[:, o], measures, o, obj, least)
-    return sorted(flags, key=lambda f: (f.frame, f.object))
+    return sorted(flags, key=lambda f: (f.frame, f.object))  # (stable: kinds in order)
 
 
 def _object_flags(score, area, m: Measures, o: int, obj: int, least: float) -> list[Flag]:
-    out, history, was = [], [], set()
-    for t in range(1, len(score)):
-        if np.isnan(score[t]) or np.isnan(score[t - 1]):
-            was = set()
-            continue
-        now = _conditions(score, area, m, o, t, history, least)
-        for kind, reason in now.items():
-            if kind not in was:
-                out.append(Flag(obj, t, kind, reason))
-        was = set(now)
-        if score[t] > 0 and area[t] > 0:
-            history = [*history, float(area[t])][-MEDIAN_WINDOW:]
-    return out
+    """One object's flags, at the frames where a condition starts (frames with a tracked
+    frame before them), reasons in `KINDS` order within a frame."""
+    s, a = score.astype(np.float64), area.astype(np.float64)
+    s0, a0 = np.r_[np.nan, s[:-1]], np.r_[0.0, a[:-1]]
+    valid = ~np.isnan(s) & ~np.isnan(s0)
+    c, c0 = m.centres[:, o].astype(np.float64), np.r_[[[np.nan, np.nan]], m.centres[:-1, o]]
+    iou, overlap = m.iou[:, o], m.overlap[:, o]
+    median = _running_medians(a, valid & (s > 0) & (a > 0))
+    shaped = valid & (np.minimum(a, a0) >= least) & ~np.isnan(c).any(1) & ~np.isnan(c0).any(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        moved = np.hypot(*(c - c0).T) / np.sqrt((a + a0) / 2)
+        holds = {
+            "absent": valid & (s <= 0) & (s0 > 0),
+            "vanished": valid & (s > 0) & (a == 0) & (a0 > 0),
+            "area": valid
+            & (a >= least)
+            & ~np.isnan(median)
+            & ((a >= AREA_RATIO * median) | (a <= median / AREA_RATIO)),
+            "jump": shaped & (moved > JUMP_BODY),
+            "iou": shaped & ~np.isnan(iou) & (iou < IOU_MIN),
+            "overlap": valid & (a >= least) & (overlap > OVERLAP),
+        }
+    reasons = {
+        "absent": lambda t: f"its score fell to {score[t]:.2f}",
+        "vanished": lambda t: f"its mask emptied with its score at {score[t]:.2f}",
+        "area": lambda t: f"its area is {a[t] / median[t]:.1f}x its running median ({a[t]:.0f} px)",
+        "jump": lambda t: f"its centre moved {moved[t]:.1f} body lengths",
+        "iou": lambda t: f"its mask overlaps the frame before's by {iou[t]:.2f} (IoU)",
+        "overlap": lambda t: f"{overlap[t]:.0%} of it is another object's",
+    }
+    found = []
+    for n, kind in enumerate(KINDS):
+        cond = holds[kind]
+        starts = cond & ~np.r_[False, cond[:-1]]
+        found += [
+            (int(t), n, Flag(obj, int(t), kind, reasons[kind](t))) for t in np.flatnonzero(starts)
+        ]
+    return [f for _, _, f in sorted(found, key=lambda x: x[:2])]
 
 
-def _conditions(score, area, m: Measures, o: int, t: int, history, least: float) -> dict:
-    """What holds on frame t (kind: reason)."""
-    now = {}
-    a, a0 = float(area[t]), float(area[t - 1])
-    if score[t] <= 0 < score[t - 1]:
-        now["absent"] = f"its score fell to {score[t]:.2f}"
-    if score[t] > 0 and a == 0 < a0:
-        now["vanished"] = f"its mask emptied with its score at {score[t]:.2f}"
-    if a >= least and len(history) >= MEDIAN_LEAST:
-        median = float(np.median(history))
-        if a >= AREA_RATIO * median or a <= median / AREA_RATIO:
-            now["area"] = f"its area is {a / median:.1f}x its running median ({a:.0f} px)"
-    c, c0 = m.centres[t, o], m.centres[t - 1, o]
-    if min(a, a0) >= least and not np.isnan(c).any() and not np.isnan(c0).any():
-        body = np.sqrt((a + a0) / 2)
-        moved = float(np.hypot(*(c - c0)) / body)
-        if moved > JUMP_BODY:
-            now["jump"] = f"its centre moved {moved:.1f} body lengths"
-        if not np.isnan(m.iou[t, o]) and m.iou[t, o] < IOU_MIN:
-            now["iou"] = f"its mask overlaps the frame before's by {m.iou[t, o]:.2f} (IoU)"
-    if a >= least and m.overlap[t, o] > OVERLAP:
-        now["overlap"] = f"{m.overlap[t, o]:.0%} of it is another object's"
-    return now
+def _running_medians(area: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Per frame, the median area of the last `MEDIAN_WINDOW` present frames before it (NaN
+    with fewer than `MEDIAN_LEAST` of them)."""
+    frames = np.flatnonzero(present)
+    values = area[frames]
+    medians = np.full(len(frames) + 1, np.nan)  # [k]: over the k-th present frame's window
+    for k in range(MEDIAN_LEAST, min(MEDIAN_WINDOW, len(frames)) + 1):
+        medians[k] = np.median(values[:k])
+    if len(frames) >= MEDIAN_WINDOW:
+        windows = np.lib.stride_tricks.sliding_window_view(values, MEDIAN_WINDOW)
+        medians[MEDIAN_WINDOW:] = np.median(windows, axis=1)
+    before = np.searchsorted(frames, np.arange(len(area)), side="left")
+    return medians[before]
 
 
 def written(store: RunStore, name: str, missing) -> np.ndarray | None:
@@ -255,7 +270,8 @@ class ChunkMeasures:
 
     def measured(self, store: RunStore) -> Measures:
         """Every frame's measures: those of chunks not measured (or changed since) empty."""
-        plan, O = store.plan, store.array("masks").shape[1]
+        masks = store.array("masks")
+        plan, O = store.plan, 0 if masks is None else masks.shape[1]
         parts = []
         for k in range(plan.num_chunks):
             lo, hi = plan.bounds(k)
@@ -268,6 +284,10 @@ class ChunkMeasures:
 def of_store(store: RunStore, measures: Measures | None = None) -> list[Flag]:
     """The flags of a tracked store (every chunk's masks read once, unless `measures` are
     given); none before anything is tracked."""
+    if store.attrs.get("frame_count") is None:
+        raise StoreNotReady(
+            f"store {store.path} is not fully decoded yet (run `segpipe run` again to finish)"
+        )
     settings = stored_settings(store)
     scores = written(store, "object_scores", np.nan) if settings is not None else None
     areas = written(store, "object_areas", 0) if scores is not None else None

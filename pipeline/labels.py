@@ -52,8 +52,10 @@ class Label:
 
 
 def load(source) -> dict[int, Label]:
-    """Labels by object id from a labels file path, or a list of entries (dicts or
-    `Label`s); a later entry for an id refused."""
+    """Labels by object id from a labels file path, the file's contents ({"objects":
+    [...]}), or a list of entries (dicts or `Label`s); an id listed twice is refused."""
+    if isinstance(source, dict) and set(source) == {"objects"}:
+        return parse(source["objects"], "labels")
     if isinstance(source, (str, Path)):
         path = Path(source)
         doc = read_json_file(path, "labels file")

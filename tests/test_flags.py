@@ -85,3 +85,24 @@ def segpipe_cli(*args):
     proc = segpipe(*args)
     assert proc.returncode == 0, proc.stderr
     return proc
+
+
+def test_a_stores_measures_chunk_by_chunk_are_those_of_its_whole_masks(lossy):
+    """`ChunkMeasures` measures each chunk from its masks and the last frame of the chunk
+    before (the IoU of a chunk's first frame looks back across the boundary): the same
+    measures as the whole video's masks at once."""
+    import segpipe
+    from segpipe import flags
+    from segpipe.store.runstore import RunStore
+
+    store = RunStore.open(lossy, read_only=True)
+    cache = flags.ChunkMeasures()
+    assert len(cache.stale(store)) == store.plan.num_chunks > 1
+    cache.measure_rest(store)
+    assert cache.stale(store) == []
+    chunked = cache.measured(store)
+    whole, _ = flags.measure(segpipe.open(lossy).masks(), None)
+    for name in ("centres", "iou", "overlap"):
+        a, b = getattr(chunked, name), getattr(whole, name)
+        assert np.array_equal(np.isnan(a), np.isnan(b)) and np.allclose(a, b, equal_nan=True)
+    assert not np.isnan(chunked.iou[4:8]).all()  # (chunk 1's frames look back too)

@@ -109,6 +109,7 @@ def test_names_and_classes_reach_every_export_and_renaming_redoes_no_tracking(
     # renamed from the command line: no tracking redone, the named exports redone
     tracked = tracking_files(store)
     overlay = tree_digest(exports(store) / "overlay.mp4")
+    pngs = {k: v for k, v in tree_mtimes(exports(store) / "davis").items() if k.endswith(".png")}
     names = tmp_path / "names.json"
     names.write_text(json.dumps({"objects": [{"id": 2, "name": "circle two"}, {"id": 3}]}))
     proc = cli("track", "--store", store, "--labels", names, "--quiet")
@@ -122,6 +123,8 @@ def test_names_and_classes_reach_every_export_and_renaming_redoes_no_tracking(
     assert {a["object_id"]: a.get("name") for a in vis["annotations"]}[2] == "circle two"
     davis = json.loads((exports(store) / "davis" / "labels.json").read_text())
     assert davis["objects"][1] == {"id": 2, "name": "circle two"}
+    now = {k: v for k, v in tree_mtimes(exports(store) / "davis").items() if k.endswith(".png")}
+    assert now == pngs and len(pngs) == 24  # (DAVIS's finish alone: no PNG written again)
     assert tree_digest(exports(store) / "overlay.mp4") == overlay  # (shows no names)
     segpipe.export(store, "cvat", out, progress=False)
     assert cvat(out)[1][1] == ("object 2", {"circle two"})
@@ -163,7 +166,9 @@ def test_a_store_without_labels_exports_as_before(small, tmp_path):
         ({"id": 1}, ["must be a list"]),
     ],
 )
-def test_bad_labels_are_refused_in_one_line_and_change_nothing(named, tmp_path, objects, words):
+def test_bad_labels_are_refused_in_one_line_and_change_nothing(
+    small, named, tmp_path, objects, words
+):
     store = tmp_path / "run.zarr"
     shutil.copytree(named, store)
     before = tree_digest(store)
@@ -178,3 +183,7 @@ def test_bad_labels_are_refused_in_one_line_and_change_nothing(named, tmp_path, 
     )
     assert_user_error(cli("track", "--store", store, "--prompts", prompts), *words)
     assert tree_digest(store) == before
+    new = tmp_path / "new.zarr"  # `run` refuses them before anything is written
+    run = ("run", small / "clip.mp4", "--store", new, "--prompts", prompts, "--random-weights", 0)
+    assert_user_error(cli(*run), *words)
+    assert not new.exists()

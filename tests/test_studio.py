@@ -42,6 +42,7 @@ FLAGS = [
     "--disable-sync",
 ]
 PALETTE = {1: (230, 25, 75), 2: (60, 180, 75)}  # studio.js's first colours
+FLAG_IOU = (0, 229, 255)  # studio.js's mark of an "iou" flag
 SHOTS = ROOT / "build" / "screenshots"
 
 
@@ -803,6 +804,9 @@ def test_a_store_another_process_writes_is_read_only_meanwhile(store):
                 ("PUT", "api/prompts", body),
                 ("POST", "api/track", {}),
                 ("POST", "api/export", {"format": "davis"}),
+                ("PUT", "api/labels", {"objects": [{"id": 1, "name": "disc"}]}),
+                ("POST", "api/undo", {}),
+                ("POST", "api/redo", {}),
             ):
                 status, data, _ = fetch(server.url + path, method, b)
                 assert status == 409 and "read-only" in json.loads(data)["error"], data
@@ -1002,27 +1006,35 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
         page.wait_for_selector("body[data-frame='0']")
         page.keyboard.press("ArrowRight")
         page.wait_for_selector("body[data-frame='1']")
-        strips = page.evaluate(
-            """() => { const c = document.getElementById('strips');
-            const g = c.getContext('2d'), T = studio.info.frames, out = [];
-            for (const r of [0, 1]) { const row = [];
-              for (let f = 0; f < T; f++) {
-                const x = Math.floor((f + 0.5) * c.width / T);
-                row.push(Array.from(g.getImageData(x, r * 10 + 5, 1, 1).data.slice(0, 3))); }
-              out.push(row); }
-            return out; }"""
-        )
-        marks = page.evaluate(
-            """() => { const c = document.getElementById('strips');
-            const g = c.getContext('2d'), T = studio.info.frames;
-            return [10, 16, 19, 3].map((f) => Array.from(g.getImageData(
-              Math.floor(f * c.width / T), 0, 1, 1).data.slice(0, 3))); }"""
-        )
-        assert marks == [[255, 23, 68], [255, 145, 0], [255, 234, 0], [0, 0, 0]]  # 3: none
+        # each row: flags in its top band, the strip in the middle, the prompts' ticks at the
+        # bottom, the object's name at the left (`stripGeometry`)
+        band = """(c, T, r, f, y) => { const G = stripGeometry, W = c.width - G.left;
+            return Array.from(c.getContext('2d').getImageData(
+              G.left + Math.floor((f + 0.5) * W / T), r * G.row + y, 1, 1).data.slice(0, 3)); }"""
+        sample = f"""(y) => {{ const c = document.getElementById('strips'), T = studio.info.frames;
+            const at = {band}; return [0, 1].map((r) =>
+              Array.from({{length: T}}, (_, f) => at(c, T, r, f, y))); }}"""
+        strips, marks, ticks = (page.evaluate(sample, y) for y in (15, 3, 27))
+        assert [marks[0][f] for f in (10, 16, 19, 3)] == [
+            [255, 23, 68],
+            [255, 145, 0],
+            [255, 234, 0],
+            [0, 0, 0],  # 3: none
+        ]
         colour, grey, white = list(PALETTE[1]), [68, 68, 68], [255, 255, 255]
         assert strips[0][11] == grey and strips[0][12] == grey
         assert strips[0][3] == colour and strips[0][20] == colour
-        assert strips[0][5] == white and strips[1][8] == white  # the prompts' frames
+        assert strips[0][5] == colour  # (its prompt's tick below it, not over it)
+        assert ticks[0][5] == white and ticks[1][8] == white  # the prompts' frames
+        assert marks[0][5] == list(FLAG_IOU) and ticks[0][5] == white  # a tick beside a flag
+        row = page.locator("#strips").bounding_box()
+        page.mouse.move(row["x"] + row["width"] - 2, row["y"] + 15)  # object 1, the last frame
+        assert page.get_attribute("#strips", "title").startswith("object 1, frame 23; score ")
+        label = page.evaluate(
+            "Array.from(document.getElementById('strips').getContext('2d')"
+            ".getImageData(0, 0, stripGeometry.left, 30).data).some((v, i) => i % 4 < 3 && v > 150)"
+        )
+        assert label  # the object's name drawn at the left
         page.screenshot(path=SHOTS / "studio_lost.png")
         assert tinted(page, PALETTE[1]).sum() > 20  # object 1 shown on frame 1
         page.keyboard.press("1")
@@ -1085,6 +1097,11 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         assert [a.get("name") for a in vis["annotations"]] == [None, "the circle"]
         davis = json.loads((out / "davis" / "labels.json").read_text())
         assert davis == {"objects": [{"id": 1}, {"id": 2, "name": "the circle", "class": "circle"}]}
+        page.set_viewport_size({"width": 1280, "height": 800})  # docs/studio.md's picture
+        page.keyboard.press("End")
+        page.wait_for_selector("body[data-frame='23']")
+        page.mouse.move(0, 0)
+        page.screenshot(path=SHOTS / "studio_named_1280x800.png")
         with page.expect_download() as download:
             page.click("#download")
         downloaded = json.loads(Path(download.value.path()).read_text())
@@ -1120,8 +1137,10 @@ def test_a_prompt_is_deleted_alone_moved_and_undone_after_a_reload_then_redone(
     through the store's history, so they work after a reload (and in another tab)."""
     url = studio.url
     page = open_page(browser, url + "?frame=5")
+    assert page.inner_text("#flag-said").startswith("To start: click an object")  # first run
     click_video(page, 30, 25)  # object 1, frame 5
     page.wait_for_selector("body[data-previewed='5:1']")
+    assert page.inner_text("#flag-said") == ""  # (the hint goes with the first prompt)
     page.keyboard.press("ArrowRight")
     page.wait_for_selector("body[data-frame='6']")
     click_video(page, 30, 25)  # object 1, frame 6
@@ -1158,6 +1177,13 @@ def test_a_prompt_is_deleted_alone_moved_and_undone_after_a_reload_then_redone(
     page.wait_for_function("studio.entries.length === 2")
     assert got(url + "api/history") == {"undo": 4, "redo": 1}
     assert not page.evaluate("document.getElementById('redo').disabled")
+    # a history edited by hand: its bad step is dropped in one line, the prompts stay
+    history = json.loads((store / "prompts.history.json").read_text())
+    (store / "prompts.history.json").write_text(json.dumps({**history, "redo": [3]}))
+    status, body, _ = fetch(url + "api/redo", "POST", {})
+    assert status == 400 and "not valid" in json.loads(body)["error"], body
+    assert got(url + "api/history") == {"undo": 4, "redo": 0}
+    assert len(got(url + "api/prompts")["prompts"]) == 2
     page.click("#prompt-list li[data-index='0'] .go")
     page.wait_for_selector("body[data-frame='6']")
     assert not page.errors and not other.errors, (page.errors, other.errors)

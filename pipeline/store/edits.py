@@ -46,6 +46,19 @@ def changed(store: RunStore, before: list[dict]) -> None:
     _write(store, {"undo": [*history["undo"], before], "redo": []})
 
 
+def peek(store: RunStore, which: str) -> list | None:
+    """The entries `which` ("undo" or "redo") would give, without moving them (None: none)."""
+    history = steps(store)[which]
+    return history[-1] if history else None
+
+
+def drop(store: RunStore, which: str) -> None:
+    """Drop the step `which` would take (one found not to be prompts)."""
+    history = steps(store)
+    history[which] = history[which][:-1]
+    _write(store, history)
+
+
 def undo(store: RunStore, now: list[dict]) -> list[dict] | None:
     """The entries before the last change (None: nothing to undo); `now` can be redone."""
     return _move(store, now, "undo", "redo")

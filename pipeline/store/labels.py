@@ -23,10 +23,11 @@ def save(store: RunStore, labels: dict[int, Label], replace: bool = False) -> di
 
 
 def of_objects(store: RunStore, ids) -> dict[int, Label] | None:
-    """The labels of objects `ids` (an export's), each id with one (unlabelled: its id
-    only); None where none of them is labelled, so that an export of a store without
-    labels is what it always was."""
+    """The labels of objects `ids` (an export's), each id with one (unnamed: its id only);
+    None where none of them has a name or a class (an object only listed, as "+ object"
+    lists it, is not named), so that an export of a store without names is what it always
+    was."""
     labels = stored(store)
-    if not any(i in labels for i in ids):
+    if not any(i in labels and (labels[i].name or labels[i].category) for i in ids):
         return None
     return {i: labels.get(i, Label(i)) for i in ids}

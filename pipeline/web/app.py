@@ -88,7 +88,8 @@ class Endpoints:
         """
         summary: Every tracked object's score and mask area per frame (null where untracked)
         description: Also the frames a pass reached and, per object, where it may be lost
-          ([frame, kind], kind absent, vanished or jump).
+          ([frame, kind, reason], kinds as segpipe.flags says), and measuring (true while
+          flags from masks are still to come).
         """
         return JSONResponse(await run_in_threadpool(self.studio.scores))
 

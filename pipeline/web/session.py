@@ -229,7 +229,8 @@ class Studio:
         tracked = written(store, "tracked", False)
         if scores is None or areas is None or tracked is None or scores.shape != areas.shape:
             return empty  # reset since it looked (new prompts): the page asks again
-        if store.array("masks") is None or store.array("masks").shape[1] != scores.shape[1]:
+        masks = store.array("masks")
+        if masks is None or masks.shape[1] != scores.shape[1]:
             return empty
         self._measure(store)
         ids = list(settings["object_ids"])
@@ -256,8 +257,10 @@ class Studio:
     def _measure(self, store: RunStore) -> None:
         """Measure the chunks not measured yet (or rewritten since) on a thread of its own,
         then tell the tabs (their next scores have those chunks' flags)."""
+        if self._measuring or not self._measures.stale(store):  # (looked at unlocked)
+            return
         with self._starting:
-            if self._measuring or not self._measures.stale(store):
+            if self._measuring:
                 return
             self._measuring = True
 
@@ -339,9 +342,7 @@ class Studio:
             with store_lock(self.path):  # one writer: the draft is the store's
                 store = RunStore.open(self.path)
                 if step is not None:
-                    entries = step(store, self.entries)
-                    if entries is None:
-                        raise BadInput(f"nothing to {step.__name__}")
+                    entries = self._step(store, step)
                 elif entries != self.entries:
                     edits.changed(store, self.entries)
                 save_draft(store, entries)
@@ -349,17 +350,42 @@ class Studio:
                 self.seen = self._tracking_seen(store)
         self.bump()
 
+    def _step(self, store: RunStore, step) -> list[dict]:
+        """The entries the history's step gives (`edits.undo` or `edits.redo`), checked as
+        prompts first: a step that is not (a history edited by hand) is dropped, in one
+        line, and nothing else changes."""
+        which = step.__name__
+        candidate = edits.peek(store, which)
+        if candidate is None:
+            raise BadInput(f"nothing to {which}")
+        video, T = store.attrs["video"], store.attrs["frame_count"]
+        try:
+            checked = (
+                []
+                if candidate == []
+                else prompt_file.to_file(
+                    prompt_file.load(candidate, T, video["width"], video["height"])
+                )
+            )
+        except SegpipeError as e:
+            edits.drop(store, which)
+            raise BadInput(f"the prompts to {which} to are not valid ({e.message}): dropped")
+        step(store, self.entries)
+        return checked
+
     def undo(self) -> None:
         """The prompts as they were before the last change (kept in the store: a reload,
         another tab or a restarted studio undoes as well)."""
         self._writable()
         self.store()
+        self.sync()  # (another process's prompts: what is undone is theirs)
         self._save_entries(None, edits.undo)
 
     def redo(self) -> None:
         """The change the last undo took back, made again."""
         self._writable()
         self.store()
+        self.sync()
         self._save_entries(None, edits.redo)
 
     def history(self) -> dict:

@@ -124,20 +124,34 @@ class Export:
             "palette": palette,
             "per_object": per_object,
         }
-        if FORMATS[fmt].named:  # (None: as a record made before there were labels)
-            settings["labels"] = None if labels is None else entries(labels)
-        self._reconcile_record(settings, force, recorded)
+        # (None: as a record made before there were labels)
+        named = {"labels": None if labels is None else entries(labels)}
+        in_parts = getattr(self.writer, "NAMES_IN_PARTS", True)  # (else its finish only)
+        if FORMATS[fmt].named and in_parts:
+            settings.update(named)
+        finished = named if FORMATS[fmt].named and not in_parts else {}
+        self._reconcile_record(settings, force, recorded, finished)
         self.complete = bool(store.attrs["exports"][self.name].get("complete"))
         self.plan = ChunkPlan(T, C)
         self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
         self.started = False
 
-    def _reconcile_record(self, settings: dict, force: bool, recorded: bool) -> None:
-        """Reconcile the record with `settings`: a Dask task's must match, others reset on need."""
+    def _reconcile_record(
+        self, settings: dict, force: bool, recorded: bool, finished: dict
+    ) -> None:
+        """Reconcile the record with `settings`: a Dask task's must match, others reset on
+        need. `finished`: what only the export's finish writes (DAVIS's labels.json): where
+        only that changed, the chunks stay and the finish is done again."""
         store, out = self.store, self.out
         exports = store.attrs.get("exports", {})
         record = exports.get(self.name, {})
         differs = [k for k in settings if record.get(k) != settings[k]]
+        redo = force or (record.get("complete") and not out.exists()) or differs
+        if record and not recorded and not redo:
+            if any(record.get(k) != v for k, v in finished.items()):
+                exports[self.name] = {**record, **finished, "complete": False}
+                store.set_attrs(exports=exports)
+                return
         if recorded:
             if self.name not in exports or differs:
                 what = f"its {', '.join(differs)}" if self.name in exports else "no record"
@@ -146,10 +160,10 @@ class Export:
                     f"the recorded one ({what}): the workers must see the "
                     f"client's paths, and no other run change the export"
                 )
-        elif force or (record.get("complete") and not out.exists()) or differs:
+        elif redo:
             # forced; finished, then deleted (redo); or new settings
             store.ledger(self.stage).reset()
-            exports[self.name] = {**settings, "complete": False}
+            exports[self.name] = {**settings, **finished, "complete": False}
             store.set_attrs(exports=exports)
 
     def start(self) -> None:

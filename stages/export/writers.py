@@ -70,7 +70,10 @@ def compose(masks: np.ndarray, ids: list[int]) -> np.ndarray:
 class DavisWriter:
     """One indexed PNG per frame, 00000.png ..., pixel value = object id; or, per object,
     <obj:03d>/00000.png ... holding 0/1 (SA-V's layout). The DAVIS palette unless given.
-    Written as SAM 2's vos_inference writes its PNGs (`Image.fromarray`, `putpalette`)."""
+    Written as SAM 2's vos_inference writes its PNGs (`Image.fromarray`, `putpalette`).
+    The objects' names go in labels.json at the finish: a rename redoes no PNG."""
+
+    NAMES_IN_PARTS = False
 
     def __init__(self, job: Job):
         if not job.per_object and any(not 1 <= i <= 255 for i in job.ids):

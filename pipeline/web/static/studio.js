@@ -68,14 +68,31 @@ function drawObjects() {
 function select(id) { S.selected = id; drawObjects(); draw(); }
 
 // the objects' names and classes, kept in the store (an object exists from "+ object" on)
+// the page's own changes of its prompts or names, counted as they start and as they end
+// (odd: one in flight): a refresh that read them while one was under way read what it
+// replaces, and keeps the page's instead
+const CHANGES = { prompts: 0, labels: 0 };
+async function changing(what, fn) {
+  CHANGES[what] += 1;
+  try { return await fn(); } finally { CHANGES[what] += 1; }
+}
+
+async function fresh(what, read) {
+  const before = CHANGES[what];
+  const got = await read();
+  return before % 2 === 0 && CHANGES[what] === before ? got : undefined;
+}
+
 async function loadLabels() {
-  const { objects } = await (await api("labels")).json();
-  S.labels = new Map(objects.map((o) => [o.id, o]));
+  const got = await fresh("labels", async () => (await (await api("labels")).json()).objects);
+  if (got !== undefined) S.labels = new Map(got.map((o) => [o.id, o]));
 }
 
 async function putLabels(labels) {
   const objects = [...labels.values()].sort((a, b) => a.id - b.id);
-  await api("labels", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ objects }) });
+  await changing("labels", () => api("labels", {
+    method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ objects }),
+  }));
   S.labels = labels;
   drawObjects();
 }
@@ -109,18 +126,26 @@ function toggleHidden(id) {
 }
 
 async function addObject() {
-  const id = Math.max(0, ...objectIds()) + 1;
+  const id = Math.max(0, ...objectIds()) + 1, before = S.labels;
   S.labels = new Map([...S.labels, [id, { id }]]); // shown at once, then kept in the store
   select(id);
-  await putLabels(S.labels);
+  try {
+    await putLabels(S.labels);
+  } catch (e) { // (a read-only studio, a job running: not added)
+    S.labels = before;
+    select(objectIds().includes(S.selected) ? S.selected : objectIds()[0]);
+    throw e;
+  }
 }
 
 async function setEntries(entries) {
-  const response = await api("prompts", {
-    method: "PUT", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ prompts: entries }),
+  await changing("prompts", async () => {
+    const response = await api("prompts", {
+      method: "PUT", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ prompts: entries }),
+    });
+    showEntries((await response.json()).prompts);
   });
-  showEntries((await response.json()).prompts);
   await loadSteps();
 }
 
@@ -129,6 +154,16 @@ function showEntries(entries) {
   drawObjects();
   drawStrips();
   drawPromptList();
+  hint();
+}
+
+// what to do first, on a store with no prompt and nothing tracked
+const HINT = "To start: click an object on the frame (Shift+click: a negative point; drag: a box), " +
+  "check its preview, then Track (t). ? lists the keys.";
+function hint() {
+  const first = !S.entries.length && !S.scores.objects.length;
+  if (first) $("flag-said").textContent = HINT;
+  else if ($("flag-said").textContent === HINT) $("flag-said").textContent = "";
 }
 
 // a click or a box for the selected object on this frame: one entry per (object, frame), as
@@ -199,8 +234,10 @@ async function loadSteps() {
 }
 
 async function stepHistory(which) {
-  const response = await api(which, json({}));
-  showEntries((await response.json()).prompts);
+  await changing("prompts", async () => {
+    const response = await api(which, json({}));
+    showEntries((await response.json()).prompts);
+  });
   await loadSteps();
   await previewHere();
 }
@@ -522,43 +559,81 @@ function findLost() {
   S.lost = [...lost].sort((a, b) => a - b);
 }
 
-const ROW = 10;
+// each object's row: its flags in a band at the top, its strip in the middle, its prompts'
+// ticks in a band at the bottom (a tick never hides a flag), its name in a column at the left
+const STRIP = { row: 30, left: 90, flags: [0, 6], strip: [8, 22], prompts: [24, 30] };
+window.stripGeometry = STRIP; // (read by the tests)
+
 // the strips at the canvas's own width: each pixel column stands for the frames under it
 // (present there if its lowest score is above zero), so an hour of video fits
 function drawStrips() {
   const canvas = $("strips");
   if (!S.info) return;
   fromHereButtons();
-  const ids = objectIds(), T = S.info.frames;
-  canvas.width = Math.max(1, canvas.clientWidth);
+  const ids = objectIds(), T = S.info.frames, { row: ROW, left } = STRIP;
+  canvas.width = Math.max(left + 1, canvas.clientWidth);
   canvas.height = ROW * ids.length;
-  const g = canvas.getContext("2d"), Wc = canvas.width;
-  const x = (f) => Math.floor((f * Wc) / T), w = Math.max(1, Math.floor(Wc / T));
-  g.clearRect(0, 0, Wc, canvas.height);
+  canvas.style.height = `${canvas.height}px`;
+  const g = canvas.getContext("2d"), Wc = canvas.width - left;
+  const x = (f) => left + Math.floor((f * Wc) / T), w = Math.max(1, Math.floor(Wc / T));
+  const band = (r, [a, b]) => [r * ROW + a, b - a];
+  g.clearRect(0, 0, canvas.width, canvas.height);
   ids.forEach((id, r) => {
+    g.fillStyle = `rgb(${colour(id).join(",")})`;
+    g.fillRect(0, r * ROW + 4, 4, ROW - 8);
+    g.fillStyle = id === S.selected ? "#fff" : "#aaa";
+    g.font = "12px system-ui, sans-serif";
+    g.textBaseline = "middle";
+    g.fillText(called(id).slice(0, 12), 8, r * ROW + ROW / 2, left - 12);
     const slot = S.scores.objects.indexOf(id);
     if (slot >= 0) {
-      const row = S.scores.scores[slot];
+      const scores = S.scores.scores[slot];
+      const [y, h] = band(r, STRIP.strip);
       for (let px = 0; px < Wc; px++) {
         const f0 = Math.floor((px * T) / Wc), f1 = Math.max(f0 + 1, Math.floor(((px + 1) * T) / Wc));
         let low = null;
-        for (let f = f0; f < f1; f++) if (row[f] !== null && (low === null || row[f] < low)) low = row[f];
+        for (let f = f0; f < f1; f++) if (scores[f] !== null && (low === null || scores[f] < low)) low = scores[f];
         if (low === null) continue;
         g.fillStyle = low > 0 ? `rgb(${colour(id).join(",")})` : "#444";
-        g.fillRect(px, r * ROW + 2, 1, ROW - 4);
+        g.fillRect(left + px, y, 1, h);
       }
-    }
-    g.fillStyle = "#fff";
-    for (const e of S.entries) if (e.object === id) g.fillRect(x(e.frame), r * ROW, Math.max(2, w), ROW);
-    if (slot >= 0) {
+      const [fy, fh] = band(r, STRIP.flags);
       for (const [f, kind] of S.scores.flags[slot]) {
         g.fillStyle = FLAG_COLOURS[kind];
-        g.fillRect(x(f), r * ROW, Math.max(2, w), 2);
+        g.fillRect(x(f), fy, Math.max(2, w), fh);
       }
     }
+    const [py, ph] = band(r, STRIP.prompts);
+    g.fillStyle = "#fff";
+    for (const e of S.entries) if (e.object === id) g.fillRect(x(e.frame), py, Math.max(2, w), ph);
   });
   g.fillStyle = "rgba(255,255,255,0.6)";
   g.fillRect(x(S.frame), 0, 1, canvas.height);
+}
+
+// the frame and object under a point of the strips (null left of them)
+function stripAt(e) {
+  const c = $("strips"), r = c.getBoundingClientRect();
+  const px = ((e.clientX - r.left) / r.width) * c.width - STRIP.left;
+  if (px < 0) return null;
+  const f = Math.min(S.info.frames - 1, Math.floor((px * S.info.frames) / (c.width - STRIP.left)));
+  const id = objectIds()[Math.floor(((e.clientY - r.top) / r.height) * c.height / STRIP.row)];
+  return { f, id };
+}
+
+// what the strips show under the pointer: frame, score, area and flags there
+function stripDetails(e) {
+  const at = stripAt(e);
+  if (!at || at.id === undefined) { $("strips").title = ""; return; }
+  const slot = S.scores.objects.indexOf(at.id);
+  const parts = [`${called(at.id)}, frame ${at.f}`];
+  if (slot >= 0 && S.scores.scores[slot][at.f] !== null) {
+    parts.push(`score ${S.scores.scores[slot][at.f].toFixed(2)}`, `area ${S.scores.areas[slot][at.f]} px`);
+    for (const [f, kind, reason] of S.scores.flags[slot]) if (f === at.f) parts.push(`${kind}: ${reason}`);
+  } else {
+    parts.push("not tracked");
+  }
+  $("strips").title = parts.join("; ");
 }
 
 function jumpLost(step) {
@@ -615,12 +690,14 @@ function drawFlagList() {
 async function refresh() {
   const version = S.version;
   S.scores = await (await api("scores")).json();
-  S.entries = (await (await api("prompts")).json()).prompts;
+  const entries = await fresh("prompts", async () => (await (await api("prompts")).json()).prompts);
+  if (entries !== undefined) S.entries = entries;
   await loadLabels();
   await loadSteps();
   drawPromptList();
   findLost();
   drawFlagList();
+  hint();
   drawObjects();
   drawStrips();
   S.shown = null; // the masks may have changed: load the frame again
@@ -745,9 +822,10 @@ function wire() {
   for (const t of ["prompt", "brush", "eraser"]) $(`tool-${t}`).onclick = () => setTool(t);
   $("help-button").onclick = () => { $("help").hidden = !$("help").hidden; };
   $("strips").addEventListener("click", (e) => {
-    const r = e.target.getBoundingClientRect();
-    goFrame(Math.floor(((e.clientX - r.left) / r.width) * S.info.frames));
+    const at = stripAt(e);
+    if (at) goFrame(at.f);
   });
+  $("strips").addEventListener("mousemove", stripDetails);
   $("upload").addEventListener("change", async (e) => {
     const file = e.target.files[0];
     if (!file) return;
