@@ -399,7 +399,10 @@ def track(store, prompts, labels, **options):
         if named is not None:  # (without --prompts, the names alone: nothing is tracked)
             api.label(store, list(named.values()))
             said = ", ".join(map(str, sorted(named)))
-            log.result(f"track: names recorded for objects {said} in {store}", options["quiet"])
+            alone = " (nothing tracked: --labels without --prompts)" if prompts is None else ""
+            log.result(
+                f"track: names recorded for objects {said} in {store}{alone}", options["quiet"]
+            )
 
 
 class ExportFormats(click.Choice):

@@ -250,7 +250,7 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     own, marks = tracked[0] & ~tracked[1], near_marks(tracked.shape[1:], points=[(37.5, 27.5)])
     assert np.array_equal(tinted(other, PALETTE[1]) & ~marks, own & ~marks)
     assert (own & ~marks).any()
-    runs = other.evaluate("Number(document.body.dataset.runs)")
+    runs = job_runs(other)
 
     # correction: a negative point on a later frame, retracked from the stored embeddings
     with encoder_calls() as calls:
@@ -300,7 +300,7 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     from test_export import cvat_masks
 
     page.select_option("#export-format", "cvat")
-    runs = page.evaluate("Number(document.body.dataset.runs)")
+    runs = job_runs(page)
     page.click("#export")
     page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=60_000)
     xml = store.with_name("clip.export") / "annotations.xml"
@@ -359,7 +359,7 @@ def track_and_compare(
         page.click("#download")
     prompts = work / "prompts.json"
     download.value.save_as(prompts)
-    runs = page.evaluate("Number(document.body.dataset.runs)")
+    runs = job_runs(page)
     page.click(button)
     page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=120_000)
     cli = work / "cli.zarr"
@@ -1085,7 +1085,7 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         }
         for fmt in ("cvat", "vis-json", "davis"):
             page.select_option("#export-format", fmt)
-            runs = page.evaluate("Number(document.body.dataset.runs)")
+            runs = job_runs(page)
             page.click("#export")
             page.wait_for_selector(f"body[data-job='done'][data-runs='{runs + 1}']", timeout=60_000)
         out = store.with_name("clip.export")
@@ -1113,6 +1113,12 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         page.close()
     finally:
         server.stop()
+
+
+def job_runs(page) -> int:
+    """The jobs the server has run, as the page last showed (once its events said any)."""
+    page.wait_for_selector("body[data-runs]", state="attached")
+    return page.evaluate("Number(document.body.dataset.runs)")
 
 
 def got(url: str):
@@ -1179,9 +1185,11 @@ def test_a_prompt_is_deleted_alone_moved_and_undone_after_a_reload_then_redone(
     assert not page.evaluate("document.getElementById('redo').disabled")
     # a history edited by hand: its bad step is dropped in one line, the prompts stay
     history = json.loads((store / "prompts.history.json").read_text())
-    (store / "prompts.history.json").write_text(json.dumps({**history, "redo": [3]}))
-    status, body, _ = fetch(url + "api/redo", "POST", {})
-    assert status == 400 and "not valid" in json.loads(body)["error"], body
+    named = [{"object": 1, "frame": 5, "mask": "/etc/hostname"}]  # a file: never read
+    (store / "prompts.history.json").write_text(json.dumps({**history, "redo": [named, 3]}))
+    for said in ("not valid", "inline PNG data"):  # the last step first
+        status, body, _ = fetch(url + "api/redo", "POST", {})
+        assert status == 400 and said in json.loads(body)["error"], body
     assert got(url + "api/history") == {"undo": 4, "redo": 0}
     assert len(got(url + "api/prompts")["prompts"]) == 2
     page.click("#prompt-list li[data-index='0'] .go")

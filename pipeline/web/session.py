@@ -317,16 +317,7 @@ class Studio:
         """Replace the page's prompts (checked first: a bad entry changes nothing). Masks come
         inline (`data:` URIs): the studio reads no file a request names."""
         self._writable()
-        if not isinstance(entries, list):
-            raise BadInput("prompts must be a list of prompt entries")
-        for i, e in enumerate(entries):
-            for key in ("mask", "id_mask"):
-                if isinstance(e, dict) and key in e:
-                    if not (isinstance(e[key], str) and e[key].startswith(prompt_file.DATA_URI)):
-                        raise BadInput(
-                            f'prompt {i}: "{key}" must be inline PNG data '
-                            f"({prompt_file.DATA_URI}...): the studio reads no files"
-                        )
+        _inline_only(entries)
         store = self.store()
         video, T = store.attrs["video"], store.attrs["frame_count"]
         loaded = prompt_file.load(entries, T, video["width"], video["height"]) if entries else []
@@ -360,6 +351,7 @@ class Studio:
             raise BadInput(f"nothing to {which}")
         video, T = store.attrs["video"], store.attrs["frame_count"]
         try:
+            _inline_only(candidate)  # (a history edited by hand names no file either)
             checked = (
                 []
                 if candidate == []
@@ -821,6 +813,21 @@ class FrameSource:
         video = store.attrs["video"]
         frame = store.read("frames", n, n + 1)[0]
         return Image.fromarray(frame).resize((video["width"], video["height"]))
+
+
+def _inline_only(entries) -> None:
+    """Refuse prompts that are not a list, or whose masks are not inline (`data:` URIs):
+    the studio reads no file a request (or its history) names."""
+    if not isinstance(entries, list):
+        raise BadInput("prompts must be a list of prompt entries")
+    for i, e in enumerate(entries):
+        for key in ("mask", "id_mask"):
+            if isinstance(e, dict) and key in e:
+                if not (isinstance(e[key], str) and e[key].startswith(prompt_file.DATA_URI)):
+                    raise BadInput(
+                        f'prompt {i}: "{key}" must be inline PNG data '
+                        f"({prompt_file.DATA_URI}...): the studio reads no files"
+                    )
 
 
 DRASTIC_IOU = 0.5  # a correction whose preview overlaps the tracked mask less, and ...

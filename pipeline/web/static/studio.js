@@ -215,7 +215,7 @@ function warn(key, change) {
   const [f, o] = key.split(":");
   if (change && change.drastic) {
     const moved = change.shift === null ? "its mask empties" : `its centre moves ${change.shift} body lengths`;
-    $("warning").textContent = `object ${o} on frame ${f}: this correction changes its tracked mask drastically ` +
+    $("warning").textContent = $("warning").title = `object ${o} on frame ${f}: this correction changes its tracked mask drastically ` +
       `(overlap ${change.iou.toFixed(2)} with it; ${moved}): check it before Track`;
     document.body.dataset.warning = key;
   } else if (document.body.dataset.warning === key || !change) {
@@ -234,10 +234,14 @@ async function loadSteps() {
 }
 
 async function stepHistory(which) {
-  await changing("prompts", async () => {
-    const response = await api(which, json({}));
-    showEntries((await response.json()).prompts);
-  });
+  try {
+    await changing("prompts", async () => {
+      const response = await api(which, json({}));
+      showEntries((await response.json()).prompts);
+    });
+  } finally {
+    await loadSteps(); // (a refused step may have been dropped)
+  }
   await loadSteps();
   await previewHere();
 }
@@ -516,7 +520,7 @@ function edge(value, i, W, H) {
 }
 
 // a point prompt: a disc in its object's colour, ringed white with a "+" where positive,
-// black with a "-" where negative, about 7 screen pixels across whatever the video's size
+// black with a "-" where negative, of a 7 screen pixel radius whatever the video's size
 function markerRadius() {
   const shown = $("view").getBoundingClientRect().width || S.info.width;
   return Math.max(3, (7 * S.info.width) / shown);
@@ -609,6 +613,7 @@ function drawStrips() {
   });
   g.fillStyle = "rgba(255,255,255,0.6)";
   g.fillRect(x(S.frame), 0, 1, canvas.height);
+  if (canvas.height !== S.stripsHeight) { S.stripsHeight = canvas.height; fit(); } // (the frame's room)
 }
 
 // the frame and object under a point of the strips (null left of them)
@@ -759,8 +764,9 @@ function listen() {
     S.said = p; // the latest: shown once what it says is on the page (a job's end after
     if (p.version !== S.version) { //  its last chunk's strips)
       S.version = p.version;
-      await guarded(refresh);
+      S.refreshing = guarded(refresh);
     }
+    await S.refreshing; // (a refresh under way: what this says waits for it)
     if (S.said === p) showProgress(p);
   };
 }
@@ -901,6 +907,7 @@ async function togglePlay() {
 
 // the frame as large as the page allows, at the video's aspect
 function fit() {
+  if (!S.info || !S.info.width) return;
   const main = $("stage"), c = $("view");
   const scale = Math.min(main.clientWidth / S.info.width, main.clientHeight / S.info.height);
   c.style.width = `${Math.floor(S.info.width * scale)}px`;
