@@ -241,7 +241,7 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     ]
 
     track_and_compare(page, store, before, tmp_path / "first")
-    page.screenshot(path=SHOTS / "studio_tracked.png")  # the README's
+    page.screenshot(path=SHOTS / "studio_tracked.png")
     other = open_page(browser, studio.url + "?frame=5")  # a second tab: the same state, live
     assert other.evaluate("studio.entries") == page.evaluate("studio.entries")
     # the tracked masks: object 1's where object 2's (drawn over it) is not, the click's
@@ -1070,7 +1070,11 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         page.press("#object-class", "Tab")
         page.wait_for_function("studio.labels.get(2)?.class === 'circle'")
         page.click("#add-object")
-        page.wait_for_selector("#objects button[data-object='3']")
+        page.wait_for_selector("#objects button[data-object='3']")  # (at once; then kept:)
+        deadline = time.monotonic() + 30
+        while 3 not in segpipe.open(store).labels:
+            assert time.monotonic() < deadline, "+ object was not kept in the store"
+            time.sleep(0.1)
         page.reload()
         page.wait_for_selector("body[data-ready='1']", timeout=30_000)
         assert page.evaluate(
@@ -1101,7 +1105,9 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         page.keyboard.press("End")
         page.wait_for_selector("body[data-frame='23']")
         page.mouse.move(0, 0)
-        page.screenshot(path=SHOTS / "studio_named_1280x800.png")
+        page.keyboard.press("o")  # (outlines: the sample's shapes are the masks' colours)
+        page.screenshot(path=SHOTS / "studio_named_1280x800.png")  # docs/screenshots/studio.png
+        page.keyboard.press("o")
         with page.expect_download() as download:
             page.click("#download")
         downloaded = json.loads(Path(download.value.path()).read_text())
