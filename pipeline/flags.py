@@ -23,6 +23,8 @@ chose them on generated clips with known failures."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,43 +242,55 @@ class ChunkMeasures:
         self.kept: dict[int, tuple] = {}  # chunk -> (key, Measures)
 
     @staticmethod
-    def _key(store: RunStore, k: int) -> tuple:
-        folders = [store.path / "masks" / "c" / str(j) for j in (k - 1, k) if j >= 0]
-        try:
-            return tuple(
-                (str(f), f.stat().st_mtime_ns)
-                for folder in folders
-                if folder.is_dir()
-                for f in sorted(folder.rglob("*"))
-            )
-        except FileNotFoundError:  # written (renamed in) or reset this moment
-            return ("changing",)
-
-    def stale(self, store: RunStore) -> list[int]:
-        """The chunks whose masks are written and not measured as they are now."""
-        out = []
+    def keys(store: RunStore) -> list:
+        """Per chunk, what its measures depend on: its mask files and the chunk before's,
+        with their modification times (None: its masks are not written). Each chunk's
+        folder is listed once."""
+        listed = []
         for k in range(store.plan.num_chunks):
-            key = self._key(store, k)
-            if (store.path / "masks" / "c" / str(k)).is_dir() and self.kept.get(k, (None,))[
-                0
-            ] != key:
-                out.append(k)
-        return out
+            folder = store.path / "masks" / "c" / str(k)
+            files = []
+            try:
+                for root, _, names in os.walk(folder):
+                    files += [
+                        (os.path.join(root, n), os.stat(os.path.join(root, n)).st_mtime_ns)
+                        for n in names
+                    ]
+            except FileNotFoundError:  # written (renamed in) or reset this moment
+                files = [("changing", 0)]
+            listed.append(tuple(sorted(files)) if files else None)
+        return [
+            None if listed[k] is None else (listed[k - 1] if k else None, listed[k])
+            for k in range(len(listed))
+        ]
 
-    def measure_rest(self, store: RunStore, chunks: list[int] | None = None) -> None:
-        for k in self.stale(store) if chunks is None else chunks:
-            key = self._key(store, k)
-            self.kept[k] = (key, measure_chunk(store, k))
+    def stale(self, store: RunStore, keys: list | None = None) -> list[int]:
+        """The chunks whose masks are written and not measured as they are now."""
+        keys = self.keys(store) if keys is None else keys
+        return [
+            k
+            for k, key in enumerate(keys)
+            if key is not None and self.kept.get(k, (None,))[0] != key
+        ]
 
-    def measured(self, store: RunStore) -> Measures:
+    def measure_rest(self, store: RunStore, pause: float = 0.0) -> None:
+        """Measure the stale chunks (`pause` seconds between two: a server's requests go
+        first)."""
+        keys = self.keys(store)
+        for k in self.stale(store, keys):
+            self.kept[k] = (keys[k], measure_chunk(store, k))
+            time.sleep(pause)
+
+    def measured(self, store: RunStore, keys: list | None = None) -> Measures:
         """Every frame's measures: those of chunks not measured (or changed since) empty."""
+        keys = self.keys(store) if keys is None else keys
         masks = store.array("masks")
         plan, O = store.plan, 0 if masks is None else masks.shape[1]
         parts = []
         for k in range(plan.num_chunks):
             lo, hi = plan.bounds(k)
             key, got = self.kept.get(k, (None, None))
-            fits = got is not None and got.iou.shape == (hi - lo, O) and key == self._key(store, k)
+            fits = got is not None and got.iou.shape == (hi - lo, O) and key == keys[k]
             parts.append(got if fits else Measures.empty(hi - lo, O))
         return Measures.joined(parts)
 

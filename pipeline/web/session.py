@@ -232,11 +232,16 @@ class Studio:
         masks = store.array("masks")
         if masks is None or masks.shape[1] != scores.shape[1]:
             return empty
-        self._measure(store)
+        keys = self._measures.keys(store)  # (each chunk's mask files listed once)
+        self._measure(store, keys)
         ids = list(settings["object_ids"])
         video = store.attrs["video"]
         found = detect(
-            scores, areas, self._measures.measured(store), ids, video["width"] * video["height"]
+            scores,
+            areas,
+            self._measures.measured(store, keys),
+            ids,
+            video["width"] * video["height"],
         )
         tracked, untracked = tracked.any(axis=1), np.isnan(scores)
         return {
@@ -254,10 +259,10 @@ class Studio:
             "measuring": self._measuring,  # (flags from masks still to come)
         }
 
-    def _measure(self, store: RunStore) -> None:
+    def _measure(self, store: RunStore, keys: list) -> None:
         """Measure the chunks not measured yet (or rewritten since) on a thread of its own,
         then tell the tabs (their next scores have those chunks' flags)."""
-        if self._measuring or not self._measures.stale(store):  # (looked at unlocked)
+        if self._measuring or not self._measures.stale(store, keys):  # (looked at unlocked)
             return
         with self._starting:
             if self._measuring:
@@ -266,7 +271,8 @@ class Studio:
 
         def work():
             try:
-                self._measures.measure_rest(RunStore.open(self.path, read_only=True))
+                store = RunStore.open(self.path, read_only=True)
+                self._measures.measure_rest(store, pause=0.01)  # (the page's requests first)
             except Exception:  # noqa: BLE001 - reset meanwhile, say: measured when it changes
                 return
             finally:
