@@ -367,7 +367,7 @@ class Studio:
             )
         except SegpipeError as e:
             edits.drop(store, which)
-            raise BadInput(f"the prompts to {which} to are not valid ({e.message}): dropped")
+            raise BadInput(f"the step to {which} is not valid prompts ({e.message}): dropped")
         step(store, self.entries)
         return checked
 
