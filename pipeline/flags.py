@@ -23,14 +23,13 @@ chose them on generated clips with known failures."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from segpipe.errors import DamagedStore, StoreNotReady
-from segpipe.store.masks import mask_batches, read_masks
+from segpipe.store.masks import chunk_files, mask_batches, read_masks
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import stored_settings
 
@@ -246,19 +245,7 @@ class ChunkMeasures:
         """Per chunk, what its measures depend on: its mask files and the chunk before's,
         with their modification times (None: its masks are not written). Each chunk's
         folder is listed once."""
-        listed = []
-        for k in range(store.plan.num_chunks):
-            folder = store.path / "masks" / "c" / str(k)
-            files = []
-            try:
-                for root, _, names in os.walk(folder):
-                    files += [
-                        (os.path.join(root, n), os.stat(os.path.join(root, n)).st_mtime_ns)
-                        for n in names
-                    ]
-            except FileNotFoundError:  # written (renamed in) or reset this moment
-                files = [("changing", 0)]
-            listed.append(tuple(sorted(files)) if files else None)
+        listed = [chunk_files(store, k) or None for k in range(store.plan.num_chunks)]
         return [
             None if listed[k] is None else (listed[k - 1] if k else None, listed[k])
             for k in range(len(listed))

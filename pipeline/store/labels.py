@@ -16,8 +16,9 @@ def stored(store: RunStore) -> dict[int, Label]:
 def save(store: RunStore, labels: dict[int, Label], replace: bool = False) -> dict[int, Label]:
     """`labels` recorded over the store's (those of other ids kept; `replace`: only
     `labels`), in one write; what the store then holds."""
-    merged = dict(labels) if replace else {**stored(store), **labels}
-    if merged != stored(store):
+    before = stored(store)
+    merged = dict(labels) if replace else {**before, **labels}
+    if merged != before:
         store.set_attrs(labels=entries(merged))
     return merged
 

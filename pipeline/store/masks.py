@@ -11,6 +11,7 @@ size; they are unpacked one zarr chunk (writing) or one bounded batch of frames 
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import numpy as np
@@ -86,6 +87,22 @@ def write_fill(store: RunStore, a: int, b: int) -> None:
     for s0, s1 in store.col_groups("masks"):
         for r0, r1 in row_bands(store):
             arr[a:b, s0:s1, r0:r1] = False
+
+
+CHANGING = (("changing", 0),)  # `chunk_files` of a chunk written or reset as it looked
+
+
+def chunk_files(store: RunStore, k: int) -> tuple:
+    """Chunk k's mask files with their modification times, sorted (() where none is
+    written; `CHANGING` where it was written or reset while listed): what changes when a
+    pass rewrites the chunk, for the readers that keep what they made of it."""
+    files = []
+    try:
+        for root, _, names in os.walk(store.path / "masks" / "c" / str(k)):
+            files += [(p, os.stat(p).st_mtime_ns) for p in (os.path.join(root, n) for n in names)]
+    except FileNotFoundError:
+        return CHANGING
+    return tuple(sorted(files))
 
 
 def read_masks(store: RunStore, a: int, b: int, slots: list[int], packed: bool) -> np.ndarray:

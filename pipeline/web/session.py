@@ -36,6 +36,7 @@ from segpipe.store import edits
 from segpipe.store.labels import save as save_labels
 from segpipe.store.labels import stored as stored_labels
 from segpipe.store.lock import Claim, holder, store_lock
+from segpipe.store.masks import CHANGING, chunk_files
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import (
     DIRECTIONS,
@@ -333,19 +334,25 @@ class Studio:
         """`entries` saved as the store's draft, the entries they replace kept in the edit
         history (`store.edits`); with `step` (`edits.undo` or `edits.redo`), the entries
         that step gives instead (none: `BadInput`, nothing to undo or redo)."""
-        with self._starting:  # no job starts meanwhile
+        with self._between_jobs() as store:  # one writer: the draft is the store's
+            if step is not None:
+                entries = self._step(store, step)
+            elif entries != self.entries:
+                edits.changed(store, self.entries)
+            save_draft(store, entries)
+            self.entries = [dict(e) for e in entries]
+            self.seen = self._tracking_seen(store)
+        self.bump()
+
+    @contextlib.contextmanager
+    def _between_jobs(self):
+        """The store (opened for writing) while no job runs nor starts, under its lock: the
+        page's own writes (its prompts, their history, the names)."""
+        with self._starting:
             if self.job.running():
                 raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
-            with store_lock(self.path):  # one writer: the draft is the store's
-                store = RunStore.open(self.path)
-                if step is not None:
-                    entries = self._step(store, step)
-                elif entries != self.entries:
-                    edits.changed(store, self.entries)
-                save_draft(store, entries)
-                self.entries = [dict(e) for e in entries]
-                self.seen = self._tracking_seen(store)
-        self.bump()
+            with store_lock(self.path):
+                yield RunStore.open(self.path)
 
     def _step(self, store: RunStore, step) -> list[dict]:
         """The entries the history's step gives (`edits.undo` or `edits.redo`), checked as
@@ -408,12 +415,9 @@ class Studio:
         nothing). No tracking is redone: the exports that show names are, when next made."""
         self._writable()
         named = label_file.parse(entries, "labels")
-        with self._starting:  # no job starts meanwhile
-            if self.job.running():
-                raise StoreLocked(f"a {self.job.kind} is running: wait for it, or Cancel")
-            with store_lock(self.path):
-                save_labels(RunStore.open(self.path), named, replace=True)
-                self.seen = self._tracking_seen(self.store())
+        with self._between_jobs() as store:
+            save_labels(store, named, replace=True)
+            self.seen = self._tracking_seen(store)
         self.bump()
 
     def preview(self, frame, object_id) -> tuple[bytes, float, dict | None]:
@@ -763,12 +767,10 @@ class ChunkMasks:
 
         k = store.plan.chunk_of(n)
         lo, hi = store.plan.bounds(k)
-        folder = store.path / "masks" / "c" / str(k)
-        try:
-            files = sorted(folder.rglob("*")) if folder.is_dir() else []
-            key = (str(store.path), k, tuple((str(f), f.stat().st_mtime_ns) for f in files))
-        except FileNotFoundError:  # a chunk written (renamed in) or reset this moment
+        listed = chunk_files(store, k)
+        if listed == CHANGING:  # a chunk written (renamed in) or reset this moment
             return []
+        key = (str(store.path), k, listed)
         with self._lock:
             array = store.array("masks")
             if array is None:  # reset since the caller looked (new prompts): none shown
