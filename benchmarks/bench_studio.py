@@ -87,6 +87,35 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def play(url: str, seconds: float):
+    """(frames, seconds, the video's frame rate) of the page playing from frame 0 for about
+    `seconds` in headless Chromium (Debian's), each frame drawn with its masks; None
+    without it."""
+    chromium = Path("/usr/bin/chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        chromium = Path("(playwright)")
+    if not chromium.exists():
+        print(f"no {chromium}: playback not measured", file=sys.stderr)
+        return None
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(url + "?frame=0")
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        fps = page.evaluate("studio.info.fps")
+        page.keyboard.press(" ")
+        page.wait_for_selector("body:not([data-frame='0'])", timeout=60_000)
+        first = time.perf_counter()  # (from the first frame played on)
+        time.sleep(seconds)
+        shown = int(page.evaluate("document.body.dataset.frame"))
+        took = time.perf_counter() - first
+        browser.close()
+    return shown - 1, took, fps
+
+
 def get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=60) as r:
         return r.read()
@@ -110,6 +139,7 @@ def main():
     parser.add_argument("--frames", type=int, default=3000)
     parser.add_argument("--jumps", type=int, default=200)
     parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--play", type=float, default=10, help="seconds played in the page")
     args = parser.parse_args()
 
     import numpy as np
@@ -202,6 +232,7 @@ def main():
             began = time.perf_counter()
             get(url + "api/scores")
             flags_ms = 1000 * (time.perf_counter() - began)
+            playback = play(url, args.play)
         finally:
             proc.terminate()
             proc.wait()
@@ -227,6 +258,12 @@ def main():
     print()
     print(table(["studio RSS", "MiB"], [[k, v] for k, v in rss.items()]))
     print(f"\nevery chunk's masks measured for the flags {measured_s:.0f} s after the first scores")
+    if playback:
+        print(
+            f"playback in headless Chromium (Space, from frame 0): {playback[0]} frames in "
+            f"{playback[1]:.1f} s, {playback[0] / playback[1]:.1f} frames/s against the "
+            f"video's {playback[2]:g}"
+        )
     ok = rows[0][3] < 150 and rows[2][3] < 1000 and rows[3][3] < 1000
     print(
         f"\ngoals (frame + masks p95 < 150 ms while scrubbing, every preview < 1 s): "

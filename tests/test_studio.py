@@ -41,7 +41,14 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-PALETTE = {1: (230, 25, 75), 2: (60, 180, 75)}  # studio.js's first colours
+
+
+def shade(page, object_id: int) -> tuple:
+    """The colour the page gives an object (studio.js's palette, in the order that keeps
+    clear of the video's own colours)."""
+    return tuple(page.evaluate(f"colourOf({object_id})"))
+
+
 FLAG_IOU = (0, 229, 255)  # studio.js's mark of an "iou" flag
 SHOTS = ROOT / "build" / "screenshots"
 
@@ -113,6 +120,7 @@ def open_page(browser, url: str):
     page.errors = []
     page.on("pageerror", lambda e: page.errors.append(str(e)))
     page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.on("response", lambda r: r.status >= 400 and page.errors.append(f"{r.status} {r.url}"))
     page.goto(url)
     page.wait_for_selector("body[data-ready='1']", timeout=30_000)
     return page
@@ -218,7 +226,7 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     page.wait_for_selector("body[data-previewed='5:1']", timeout=20_000)
     mask = preview_mask(studio.url, 5, 1)
     assert mask.sum() > 20
-    seen, marks = tinted(page, PALETTE[1]), near_marks(mask.shape, points=[(37.5, 27.5)])
+    seen, marks = tinted(page, shade(page, 1)), near_marks(mask.shape, points=[(37.5, 27.5)])
     assert np.array_equal(seen & ~marks, mask & ~marks) and (mask & ~marks).sum() > 20
 
     for _ in range(3):
@@ -229,7 +237,10 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     drag_video(page, 46, 7, 59, 21)  # the square (object 2) on frame 8
     page.wait_for_selector("body[data-previewed='8:2']", timeout=20_000)
     mask2 = preview_mask(studio.url, 8, 2)
-    seen2, marks = tinted(page, PALETTE[2]), near_marks(mask2.shape, box=(46.5, 7.5, 59.5, 21.5))
+    seen2, marks = (
+        tinted(page, shade(page, 2)),
+        near_marks(mask2.shape, box=(46.5, 7.5, 59.5, 21.5)),
+    )
     assert np.array_equal(seen2 & ~marks, mask2 & ~marks) and (mask2 & ~marks).sum() >= 10
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SHOTS / "studio_prompts.png")
@@ -248,7 +259,7 @@ def test_prompt_preview_and_track_in_the_browser_equal_the_cli(
     # mark aside, pixel for pixel
     tracked = read_checked(store, "masks")[5]
     own, marks = tracked[0] & ~tracked[1], near_marks(tracked.shape[1:], points=[(37.5, 27.5)])
-    assert np.array_equal(tinted(other, PALETTE[1]) & ~marks, own & ~marks)
+    assert np.array_equal(tinted(other, shade(other, 1)) & ~marks, own & ~marks)
     assert (own & ~marks).any()
     runs = job_runs(other)
 
@@ -432,6 +443,10 @@ def test_bad_requests_get_one_line_4xx_and_change_nothing(studio, store):
         ("PUT", "api/labels", {"objects": [{"id": 0}]}, 400, "id must be an integer"),
         ("PUT", "api/labels", {"objects": [{"id": 1, "name": "a\nb"}]}, 400, "control"),
         ("PUT", "api/labels", {"labels": []}, 400, '{"objects"'),
+        ("PATCH", "api/labels", {"labels": []}, 400, '{"objects"'),
+        ("PATCH", "api/labels", {"remove": "3"}, 400, "remove must be a list of object ids"),
+        ("PATCH", "api/labels", {"remove": [0]}, 400, "remove: object 0: the id must be"),
+        ("PATCH", "api/labels", {"objects": [{"id": 4}], "remove": [4]}, 400, "both named and"),
         ("POST", "api/track", {"direction": "sideways"}, 400, "direction"),
         ("POST", "api/track", {"frames": [5, 2]}, 400, "holds no frame"),
         ("POST", "api/track", {"frames": "10:18"}, 400, "frames must be [a, b]"),
@@ -1021,7 +1036,7 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
             [255, 234, 0],
             [0, 0, 0],  # 3: none
         ]
-        colour, grey, white = list(PALETTE[1]), [68, 68, 68], [255, 255, 255]
+        colour, grey, white = list(shade(page, 1)), [68, 68, 68], [255, 255, 255]
         assert strips[0][11] == grey and strips[0][12] == grey
         assert strips[0][3] == colour and strips[0][20] == colour
         assert strips[0][5] == colour  # (its prompt's tick below it, not over it)
@@ -1035,13 +1050,51 @@ def test_timeline_strips_mark_where_an_object_is_lost_and_keys_jump_there(
             ".getImageData(0, 0, stripGeometry.left, 30).data).some((v, i) => i % 4 < 3 && v > 150)"
         )
         assert label  # the object's name drawn at the left
+        # zoomed (+, twice: 10 frames at least), the strips show a window of frames that
+        # follows the frame shown; a click there is the frame under it; 0 shows all again
+        page.keyboard.press("+")
+        page.keyboard.press("+")
+        a, b = map(int, page.get_attribute("#strips", "data-span").split(":"))
+        assert b - a == 10 and a <= 1 < b
+        page.keyboard.press("Shift+ArrowRight")  # frame 11, past the window
+        page.wait_for_selector("body[data-frame='11']")
+        assert page.get_attribute("#strips", "data-span") == "2:12"
+        zoomed = """(y) => { const c = document.getElementById('strips'), G = stripGeometry;
+            const W = c.width - G.left, g = c.getContext('2d');
+            return Array.from({length: 10}, (_, k) => Array.from(g.getImageData(
+              G.left + Math.floor((k + 0.5) * W / 10), y, 1, 1).data.slice(0, 3))); }"""
+        strip, mark = page.evaluate(zoomed, 15), page.evaluate(zoomed, 3)
+        assert strip[11 - 2] == grey and strip[3 - 2] == colour and strip[9 - 2] == colour
+        assert mark[10 - 2] == [255, 23, 68] and mark[5 - 2] == list(FLAG_IOU)
+        box = page.locator("#strips").bounding_box()
+        left = page.evaluate(
+            "stripGeometry.left * document.getElementById('strips').clientWidth"
+            " / document.getElementById('strips').width"
+        )
+        page.mouse.click(box["x"] + left + (box["width"] - left) * 6.5 / 10, box["y"] + 15)
+        page.wait_for_selector("body[data-frame='8']")  # the 7th frame of 2..11
+        page.keyboard.press("-")  # 20 frames around frame 8: 0..19
+        assert page.get_attribute("#strips", "data-span") == "0:20"
+        # Ctrl + the wheel over frame 18: 10 frames around it, frame 8 shown outside them
+        page.mouse.move(box["x"] + left + (box["width"] - left) * 18.5 / 20, box["y"] + 15)
+        page.keyboard.down("Control")
+        page.mouse.wheel(0, -100)
+        page.keyboard.up("Control")
+        page.wait_for_selector("#strips[data-span='9:19']")
+        assert page.evaluate("studio.frame") == 8
+        page.keyboard.press("0")
+        assert page.get_attribute("#strips", "data-span") == "0:24"
+        page.keyboard.press("Home")
+        page.wait_for_selector("body[data-frame='0']")
+        page.keyboard.press("ArrowRight")
+        page.wait_for_selector("body[data-frame='1']")
         page.screenshot(path=SHOTS / "studio_lost.png")
-        assert tinted(page, PALETTE[1]).sum() > 20  # object 1 shown on frame 1
+        assert tinted(page, shade(page, 1)).sum() > 20  # object 1 shown on frame 1
         page.keyboard.press("1")
         page.keyboard.press("h")  # hidden
-        assert tinted(page, PALETTE[1]).sum() == 0 and tinted(page, PALETTE[2]).sum() > 20
+        assert tinted(page, shade(page, 1)).sum() == 0 and tinted(page, shade(page, 2)).sum() > 20
         page.keyboard.press("h")  # shown again
-        assert tinted(page, PALETTE[1]).sum() > 20
+        assert tinted(page, shade(page, 1)).sum() > 20
         assert not page.errors, page.errors
         page.close()
     finally:
@@ -1062,6 +1115,11 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
     segpipe.track(store, entries, execution=segpipe.Execution(progress=False))
     server = StudioServer(store, port=0).start()
     try:
+        named = {"objects": [{"id": 5, "name": "x"}]}  # (a PUT replaces every name)
+        assert fetch(server.url + "api/labels", "PUT", named)[0] == 200
+        assert segpipe.open(store).labels == {5: segpipe.Label(5, "x")}
+        assert fetch(server.url + "api/labels", "PUT", {"objects": []})[0] == 200
+        assert segpipe.open(store).labels == {}
         page = open_page(browser, server.url)
         page.click("#objects button[data-object='2']")
         page.fill("#object-name", "the circle")
@@ -1075,6 +1133,28 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         while 3 not in segpipe.open(store).labels:
             assert time.monotonic() < deadline, "+ object was not kept in the store"
             time.sleep(0.1)
+        # another tab names an object 4 meanwhile, and this one has not heard yet: its next
+        # change names only its own object, so both stay (then the other tab forgets its 4)
+        tab = {"objects": [{"id": 4, "name": "the other tab's"}]}
+        assert fetch(server.url + "api/labels", "PATCH", tab)[0] == 200
+        page.evaluate("studio.labels.delete(4)")
+        page.click("#objects button[data-object='2']")
+        page.fill("#object-name", "the disc")
+        with page.expect_request(
+            lambda r: r.url.endswith("api/labels") and r.method != "GET"
+        ) as sent:
+            page.press("#object-name", "Tab")
+        assert (sent.value.method, json.loads(sent.value.post_data)) == (
+            "PATCH",
+            {"objects": [{"id": 2, "name": "the disc", "class": "circle"}], "remove": []},
+        )  # (its own object's name alone)
+        page.wait_for_function("studio.labels.get(2)?.name === 'the disc'")
+        assert page.evaluate("studio.labels.get(4)?.name") == "the other tab's"
+        assert segpipe.open(store).labels[4].name == "the other tab's"
+        assert fetch(server.url + "api/labels", "PATCH", {"remove": [4]})[0] == 200
+        page.fill("#object-name", "the circle")
+        page.press("#object-name", "Tab")
+        page.wait_for_function("studio.labels.get(2)?.name === 'the circle'")
         page.reload()
         page.wait_for_selector("body[data-ready='1']", timeout=30_000)
         assert page.evaluate(
@@ -1105,7 +1185,7 @@ def test_objects_named_in_the_page_reach_the_exports_and_an_added_object_stays(
         page.keyboard.press("End")
         page.wait_for_selector("body[data-frame='23']")
         page.mouse.move(0, 0)
-        page.keyboard.press("o")  # (outlines: the sample's shapes are the masks' colours)
+        page.keyboard.press("o")  # (outlines: the shapes show through)
         page.screenshot(path=SHOTS / "studio_named_1280x800.png")  # docs/screenshots/studio.png
         page.keyboard.press("o")
         with page.expect_download() as download:
@@ -1287,20 +1367,41 @@ def test_masks_drawn_as_outlines_and_one_object_alone(browser, store, small):
         page.keyboard.press("o")
         assert page.input_value("#view-mode") == "outline"
         shown, frame = canvas_rgb(page), frame_rgb(page)
-        colours = np.array([PALETTE[1], PALETTE[2]], np.uint8)
+        colours = np.array([shade(page, 1), shade(page, 2)], np.uint8)
         assert (shown[edge] == colours[values[edge] - 1]).all()
         assert (shown[~edge] == frame[~edge]).all()  # insides and the rest: the frame itself
         page.keyboard.press("o")  # filled again
-        assert tinted(page, PALETTE[1]).sum() > 20 and tinted(page, PALETTE[2]).sum() > 20
+        assert tinted(page, shade(page, 1)).sum() > 20 and tinted(page, shade(page, 2)).sum() > 20
         page.keyboard.press("1")
         page.keyboard.press("s")  # object 1 alone
-        assert tinted(page, PALETTE[1]).sum() > 20 and tinted(page, PALETTE[2]).sum() == 0
+        assert tinted(page, shade(page, 1)).sum() > 20 and tinted(page, shade(page, 2)).sum() == 0
         page.keyboard.press("s")
-        assert tinted(page, PALETTE[2]).sum() > 20
+        assert tinted(page, shade(page, 2)).sum() > 20
         assert not page.errors, page.errors
         page.close()
     finally:
         server.stop()
+
+
+def test_mask_colours_stand_apart_from_the_video_and_from_each_other(browser, studio):
+    """Issue 47 item 5: the sample's shapes are red, green and blue, as the palette's first
+    colours are (masks nearly invisible on them). The page takes its colours in the order of
+    how little of frame 0 lies near each: the first objects' colours are far from the
+    shapes' colours and from each other, and little of the frame lies near any of them."""
+    import make_sample
+
+    page = open_page(browser, studio.url + "?frame=0")
+    page.wait_for_function("studio.shown === 0")
+    frame = frame_rgb(page).reshape(-1, 3).astype(float)
+    colours = np.array([shade(page, i) for i in range(1, 6)], float)
+    shapes = np.array(make_sample.COLOURS, float)
+    assert np.linalg.norm(colours[:, None] - shapes[None], axis=2).min() > 90
+    apart = np.linalg.norm(colours[:, None] - colours[None], axis=2)
+    assert apart[~np.eye(5, dtype=bool)].min() > 90
+    near = np.linalg.norm(frame[:, None] - colours[None], axis=2) < 90
+    assert near.mean(axis=0).max() < 0.02, near.mean(axis=0)
+    assert not page.errors, page.errors
+    page.close()
 
 
 @pytest.mark.parametrize("width", [1024, 1280, 1920])

@@ -4,7 +4,8 @@ exports that show names are redone: their record holds the names)."""
 
 from __future__ import annotations
 
-from segpipe.labels import Label, entries, parse
+from segpipe.errors import BadInput
+from segpipe.labels import MAX_LABELS, Label, entries, parse
 from segpipe.store.runstore import RunStore
 
 
@@ -13,11 +14,16 @@ def stored(store: RunStore) -> dict[int, Label]:
     return parse(store.attrs.get("labels", []), f"store {store.path}")
 
 
-def save(store: RunStore, labels: dict[int, Label], replace: bool = False) -> dict[int, Label]:
-    """`labels` recorded over the store's (those of other ids kept; `replace`: only
-    `labels`), in one write; what the store then holds."""
+def save(
+    store: RunStore, labels: dict[int, Label], replace: bool = False, remove=()
+) -> dict[int, Label]:
+    """`labels` recorded over the store's (those of other ids kept but the ids in `remove`;
+    `replace`: only `labels`), in one write; what the store then holds."""
     before = stored(store)
-    merged = dict(labels) if replace else {**before, **labels}
+    kept = {} if replace else {i: v for i, v in before.items() if i not in set(remove)}
+    merged = {**kept, **labels}
+    if len(merged) > MAX_LABELS:
+        raise BadInput(f"{len(merged):,} objects named: segpipe takes at most {MAX_LABELS:,}")
     if merged != before:
         store.set_attrs(labels=entries(merged))
     return merged

@@ -153,6 +153,21 @@ class Endpoints:
         await run_in_threadpool(self.studio.set_labels, body["objects"])
         return JSONResponse(await run_in_threadpool(self.studio.labels))
 
+    async def patch_labels(self, request: Request):
+        """
+        summary: Name, class or add the objects given; the others keep theirs
+        description: 'Body {"objects": [{"id": 2, "name": "right mouse"}], "remove": [3]}
+          (either list may be left out): what two tabs naming different objects at once both
+          keep (a PUT replaces every name). Answers as GET does, with every object. 409 while a
+          job runs.'
+        """
+        body = await _json(request)
+        if not isinstance(body, dict) or not {"objects", "remove"} & body.keys():
+            raise BadInput('the body must be {"objects": [...], "remove": [ids]}')
+        objects, remove = body.get("objects", []), body.get("remove", [])
+        await run_in_threadpool(self.studio.set_labels, objects, remove)
+        return JSONResponse(await run_in_threadpool(self.studio.labels))
+
     async def preview(self, request: Request):
         """
         summary: The preview mask of one object on one frame, from its prompts there
@@ -274,6 +289,7 @@ def make_app(studio: Studio, token: str | None = None, stopping=lambda: False) -
         Route("/api/history", e.history),
         Route("/api/labels", e.get_labels, methods=["GET"]),
         Route("/api/labels", e.put_labels, methods=["PUT"]),
+        Route("/api/labels", e.patch_labels, methods=["PATCH"]),
         Route("/api/preview", e.preview, methods=["POST"]),
         Route("/api/track", e.track, methods=["POST"]),
         Route("/api/export", e.export, methods=["POST"]),

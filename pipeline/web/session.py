@@ -410,13 +410,22 @@ class Studio:
         """The objects' names and classes, as a labels file ("+ object" lists one unnamed)."""
         return {"objects": label_file.entries(stored_labels(self.store()))}
 
-    def set_labels(self, entries) -> None:
-        """Replace the objects' names and classes (checked first: a bad entry changes
-        nothing). No tracking is redone: the exports that show names are, when next made."""
+    def set_labels(self, entries, remove: list | None = None) -> None:
+        """Replace the objects' names and classes; with `remove` (a list, maybe empty), set
+        only those of the objects in `entries`, the others' kept but those of the ids in
+        `remove`, read and written in one turn. Checked first: a bad entry changes nothing.
+        No tracking is redone: the exports that show names are, when next made."""
         self._writable()
         named = label_file.parse(entries, "labels")
+        if remove is not None:
+            if not isinstance(remove, list):
+                raise BadInput("remove must be a list of object ids")
+            label_file.parse([{"id": i} for i in remove], "remove")  # (ids checked as names' are)
+            both = sorted(set(remove) & named.keys())
+            if both:
+                raise BadInput(f"object {both[0]} is both named and removed")
         with self._between_jobs() as store:
-            save_labels(store, named, replace=True)
+            save_labels(store, named, replace=remove is None, remove=remove or ())
             self.seen = self._tracking_seen(store)
         self.bump()
 

@@ -2,9 +2,37 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// the objects' colours: distinct hues (Trubetskoy's), those that little of the video's first frame
+// lies near first, each next one the farthest from those taken before it, so that no mask takes
+// the colour of what it covers or of another object's mask
 const PALETTE = [[230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48], [145, 30, 180],
-  [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 190], [0, 128, 128]];
-const colour = (id) => PALETTE[(((id - 1) % PALETTE.length) + PALETTE.length) % PALETTE.length];
+  [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 190], [0, 128, 128], [255, 225, 25],
+  [170, 110, 40], [128, 0, 0], [170, 255, 195], [128, 128, 0], [0, 0, 128]];
+const NEAR = 90; // (a frame's pixel this close to a colour, in RGB, makes it a worse choice)
+let COLOURS = PALETTE;
+const colour = (id) => COLOURS[(((id - 1) % COLOURS.length) + COLOURS.length) % COLOURS.length];
+window.colourOf = colour; // (read by the tests)
+
+function chooseColours(image) {
+  const side = 64, g = new OffscreenCanvas(side, side).getContext("2d");
+  g.drawImage(image, 0, 0, side, side);
+  const px = g.getImageData(0, 0, side, side).data;
+  const d2 = (p, q) => (p[0] - q[0]) ** 2 + (p[1] - q[1]) ** 2 + (p[2] - q[2]) ** 2;
+  const near = PALETTE.map((c) => {
+    let n = 0;
+    for (let i = 0; i < px.length; i += 4) if (d2([px[i], px[i + 1], px[i + 2]], c) < NEAR * NEAR) n++;
+    return Math.floor((100 * n) / (side * side)); // (in whole percents: under 1% is none)
+  });
+  const left = PALETTE.map((_, i) => i), taken = [];
+  while (left.length) {
+    const least = Math.min(...left.map((i) => near[i]));
+    const apart = (i) => Math.min(Infinity, ...taken.map((c) => d2(c, PALETTE[i])));
+    const pick = left.filter((i) => near[i] === least).reduce((a, b) => (apart(b) > apart(a) ? b : a));
+    taken.push(PALETTE[pick]);
+    left.splice(left.indexOf(pick), 1);
+  }
+  COLOURS = taken;
+}
 
 const S = {
   info: null, frame: 0, selected: 1, labels: new Map(), entries: [], steps: { undo: 0, redo: 0 },
@@ -88,23 +116,22 @@ async function loadLabels() {
   if (got !== undefined) S.labels = new Map(got.map((o) => [o.id, o]));
 }
 
-async function putLabels(labels) {
-  const objects = [...labels.values()].sort((a, b) => a.id - b.id);
-  await changing("labels", () => api("labels", {
-    method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ objects }),
+// names, classes or adds the objects in `objects` and forgets those in `remove` (the others keep
+// theirs, whatever another tab named them meanwhile); the page then shows every object's, as the store holds them
+async function patchLabels(objects, remove = []) {
+  const response = await changing("labels", () => api("labels", {
+    method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ objects, remove }),
   }));
-  S.labels = labels;
+  S.labels = new Map((await response.json()).objects.map((o) => [o.id, o]));
   drawObjects();
 }
 
 async function nameSelected() {
-  const labels = new Map(S.labels), id = S.selected;
-  const label = { id };
+  const label = { id: S.selected };
   const name = $("object-name").value.trim(), cls = $("object-class").value.trim();
   if (name) label.name = name;
   if (cls) label.class = cls;
-  labels.set(id, label);
-  await putLabels(labels);
+  await patchLabels([label]);
 }
 
 // solo: only the selected object's masks shown (s again: every object's)
@@ -130,7 +157,7 @@ async function addObject() {
   S.labels = new Map([...S.labels, [id, { id }]]); // shown at once, then kept in the store
   select(id);
   try {
-    await putLabels(S.labels);
+    await patchLabels([{ id }]);
   } catch (e) { // (a read-only studio, a job running: not added)
     S.labels = before;
     select(objectIds().includes(S.selected) ? S.selected : objectIds()[0]);
@@ -317,11 +344,7 @@ async function moveOne(i, object) {
 
 async function deleteObject() {
   await setEntries(S.entries.filter((e) => e.object !== S.selected));
-  if (S.labels.has(S.selected)) {
-    const labels = new Map(S.labels);
-    labels.delete(S.selected);
-    await putLabels(labels);
-  }
+  if (S.labels.has(S.selected)) await patchLabels([], [S.selected]);
   for (const k of [...S.previews.keys()]) if (k.endsWith(`:${S.selected}`)) S.previews.delete(k);
   draw();
 }
@@ -405,8 +428,8 @@ function fetchFrame(n) {
   if (!S.cache.has(n)) {
     const got = Promise.all([
       api(`frames/${n}.jpg`).then((r) => r.blob()).then(createImageBitmap),
-      api(`masks/${n}.png`).then(async (r) => [
-        await createImageBitmap(await r.blob()), r.headers.get("X-Mask-Format") === "rgb"]),
+      api(`masks/${n}.png`).then(async (r) => pixelValues( // (read out ahead too)
+        await createImageBitmap(await r.blob()), r.headers.get("X-Mask-Format") === "rgb")),
     ]);
     got.catch(() => S.cache.delete(n));
     S.cache.set(n, got);
@@ -420,11 +443,11 @@ function readAhead(n) {
 }
 
 async function loadFrame(n) {
-  const [image, [masks, wide]] = await fetchFrame(n);
+  const [image, values] = await fetchFrame(n);
   if (!S.playing) S.cache.clear(); // (stepping or scrubbing: masks may change meanwhile)
   else S.cache.delete(n);
   S.image = image;
-  S.tracked = pixelValues(masks, wide);
+  S.tracked = values;
   S.shown = n;
   draw();
   document.body.dataset.frame = n;
@@ -440,6 +463,7 @@ async function goFrame(n) {
   $("scrub").value = n;
   $("frame").value = n;
   history.replaceState(null, "", `?frame=${n}`);
+  follow(n);
   drawStrips();
   for (const li of $("prompt-list").children) li.classList.toggle("here", S.entries[li.dataset.index]?.frame === n);
   if (S.inFlight) return S.inFlight;
@@ -568,19 +592,46 @@ function findLost() {
 const STRIP = { row: 30, left: 90, flags: [0, 6], strip: [8, 22], prompts: [24, 30] };
 window.stripGeometry = STRIP; // (read by the tests)
 
+// the frames the strips show: all of them, or a window zoomed into (+ and - around the
+// frame shown, Ctrl + the wheel around the pointer; 0: all again), slid along to the frame
+// shown when it goes out of it
+function span() {
+  return S.span ?? [0, S.info.frames];
+}
+
+function follow(n) {
+  if (!S.span) return;
+  const [a, b] = S.span;
+  if (n < a) S.span = [n, n + b - a];
+  if (n >= b) S.span = [n + 1 - (b - a), n + 1];
+}
+
+function zoom(factor, around = S.frame) {
+  const T = S.info.frames, [a, b] = span(), n = b - a;
+  const m = Math.max(Math.min(T, 10), Math.min(T, Math.round(n / factor)));
+  if (m >= T) S.span = null;
+  else {
+    const start = Math.max(0, Math.min(T - m, Math.round(around - ((around - a) * m) / n)));
+    S.span = [start, start + m];
+  }
+  drawStrips();
+}
+
 // the strips at the canvas's own width: each pixel column stands for the frames under it
 // (present there if its lowest score is above zero), so an hour of video fits
 function drawStrips() {
   const canvas = $("strips");
   if (!S.info) return;
   fromHereButtons();
-  const ids = objectIds(), T = S.info.frames, { row: ROW, left } = STRIP;
+  const ids = objectIds(), [a, b] = span(), T = b - a, { row: ROW, left } = STRIP;
+  canvas.dataset.span = `${a}:${b}`;
   canvas.width = Math.max(left + 1, canvas.clientWidth);
   canvas.height = ROW * ids.length;
   canvas.style.height = `${canvas.height}px`;
   const g = canvas.getContext("2d"), Wc = canvas.width - left;
-  const x = (f) => left + Math.floor((f * Wc) / T), w = Math.max(1, Math.floor(Wc / T));
-  const band = (r, [a, b]) => [r * ROW + a, b - a];
+  const x = (f) => left + Math.floor(((f - a) * Wc) / T), w = Math.max(1, Math.floor(Wc / T));
+  const shown = (f) => f >= a && f < b;
+  const band = (r, [top, bottom]) => [r * ROW + top, bottom - top];
   g.clearRect(0, 0, canvas.width, canvas.height);
   ids.forEach((id, r) => {
     g.fillStyle = `rgb(${colour(id).join(",")})`;
@@ -594,7 +645,7 @@ function drawStrips() {
       const scores = S.scores.scores[slot];
       const [y, h] = band(r, STRIP.strip);
       for (let px = 0; px < Wc; px++) {
-        const f0 = Math.floor((px * T) / Wc), f1 = Math.max(f0 + 1, Math.floor(((px + 1) * T) / Wc));
+        const f0 = a + Math.floor((px * T) / Wc), f1 = Math.max(f0 + 1, a + Math.floor(((px + 1) * T) / Wc));
         let low = null;
         for (let f = f0; f < f1; f++) if (scores[f] !== null && (low === null || scores[f] < low)) low = scores[f];
         if (low === null) continue;
@@ -603,25 +654,26 @@ function drawStrips() {
       }
       const [fy, fh] = band(r, STRIP.flags);
       for (const [f, kind] of S.scores.flags[slot]) {
+        if (!shown(f)) continue;
         g.fillStyle = FLAG_COLOURS[kind];
         g.fillRect(x(f), fy, Math.max(2, w), fh);
       }
     }
     const [py, ph] = band(r, STRIP.prompts);
     g.fillStyle = "#fff";
-    for (const e of S.entries) if (e.object === id) g.fillRect(x(e.frame), py, Math.max(2, w), ph);
+    for (const e of S.entries) if (e.object === id && shown(e.frame)) g.fillRect(x(e.frame), py, Math.max(2, w), ph);
   });
   g.fillStyle = "rgba(255,255,255,0.6)";
-  g.fillRect(x(S.frame), 0, 1, canvas.height);
+  if (shown(S.frame)) g.fillRect(x(S.frame), 0, 1, canvas.height);
   if (canvas.height !== S.stripsHeight) { S.stripsHeight = canvas.height; fit(); } // (the frame's room)
 }
 
 // the frame and object under a point of the strips (null left of them)
 function stripAt(e) {
-  const c = $("strips"), r = c.getBoundingClientRect();
+  const c = $("strips"), r = c.getBoundingClientRect(), [a, b] = span();
   const px = ((e.clientX - r.left) / r.width) * c.width - STRIP.left;
   if (px < 0) return null;
-  const f = Math.min(S.info.frames - 1, Math.floor((px * S.info.frames) / (c.width - STRIP.left)));
+  const f = Math.min(b - 1, a + Math.floor((px * (b - a)) / (c.width - STRIP.left)));
   const id = objectIds()[Math.floor(((e.clientY - r.top) / r.height) * c.height / STRIP.row)];
   return { f, id };
 }
@@ -832,6 +884,15 @@ function wire() {
     if (at) goFrame(at.f);
   });
   $("strips").addEventListener("mousemove", stripDetails);
+  $("strips").addEventListener("wheel", (e) => {
+    const at = stripAt(e);
+    if (!at || !(e.ctrlKey || e.metaKey)) return; // (a plain wheel scrolls the objects' rows)
+    e.preventDefault();
+    S.wheel = (S.wheel ?? 0) + e.deltaY; // (a notch of a wheel: 100; a pinch: many small ones)
+    if (Math.abs(S.wheel) < 100) return;
+    zoom(S.wheel < 0 ? 2 : 0.5, at.f);
+    S.wheel = 0;
+  }, { passive: false });
   $("upload").addEventListener("change", async (e) => {
     const file = e.target.files[0];
     if (!file) return;
@@ -839,7 +900,7 @@ function wire() {
       let parsed;
       try { parsed = JSON.parse(await file.text()); } catch (err) { throw new Error(`${file.name} is not JSON`); }
       await setEntries(Array.isArray(parsed) ? parsed : parsed.prompts);
-      if (parsed.objects) await putLabels(new Map([...S.labels, ...parsed.objects.map((o) => [o.id, o])]));
+      if (parsed.objects) await patchLabels(parsed.objects);
     });
     e.target.value = "";
   });
@@ -856,6 +917,7 @@ function wire() {
       h: () => toggleHidden(S.selected), s: toggleSolo, o: toggleOutline,
       z: () => guarded(() => stepHistory("undo")), y: () => guarded(() => stepHistory("redo")),
       Z: () => guarded(() => stepHistory("redo")), t: () => guarded(track), Delete: () => guarded(deleteObject),
+      "+": () => zoom(2), "=": () => zoom(2), "-": () => zoom(0.5), 0: () => { S.span = null; drawStrips(); },
       "?": () => { $("help").hidden = !$("help").hidden; }, Escape: () => { $("help").hidden = true; },
     };
     if (/^[1-9]$/.test(e.key)) {
@@ -970,6 +1032,9 @@ async function main() {
   $("radius").value = Math.max(2, Math.round(S.info.width / 40));
   const asked = Number(new URLSearchParams(location.search).get("frame"));
   S.frame = Number.isInteger(asked) ? Math.max(0, Math.min(S.info.frames - 1, asked)) : 0;
+  try { // (before the first draw; no frame 0 to see: the palette's own order)
+    chooseColours(await createImageBitmap(await (await api("frames/0.jpg")).blob()));
+  } catch (e) { COLOURS = PALETTE; }
   await refresh();
   S.selected = objectIds()[0];
   drawObjects();
