@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Train segpipe's demo model (`--model segpipe_tiny`) on synthetic clips, on the CPU or a GPU.
 
-SAM 2's own modules do the forward pass, as SAM 2's training does it: the image encoder once
-per clip, then per frame `_track_step` (memory attention over the memories of earlier frames,
+SAM 2's own modules do the forward pass, as SAM 2's training does it: the image encoder over
+the clip's frames, then per frame `_track_step` (memory attention over the memories of earlier frames,
 the SAM heads) and `_encode_memory_in_output`; frame 0 is prompted with masks, boxes or
-clicks, the others are tracked. Losses are SAM 2's: focal (x20) + dice on the best of the
+clicks, the others are tracked. A step's clips (`--batch N`) go through together
+(`step_loss`): their frames are one batch of the image encoder, their objects one batch of
+each frame's `_track_step` (SAM 2 tracks each object alone, so a batch of objects from
+several clips is each clip's tracking; frame 0's go in one call per kind of prompt), and
+the loss is the mean of the clips' own (`tests/test_train.py` checks it, and its gradients,
+against each clip's step alone). The clips and every random draw of their step (prompts,
+picked frames) are drawn ahead by DataLoader worker processes (`--workers`; `draw`, `batches`),
+from clip k's own seed: whatever the count, clip k is clip k. Losses are SAM 2's: focal (x20) + dice on the best of the
 multimask outputs, L1 between the predicted and the real IoU of that mask, and binary
 cross-entropy on the object score; masks are only supervised where the object is visible.
 Departures from SAM 2's recipe, each measured on short runs: the focal loss weighs positives
@@ -14,7 +21,7 @@ rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, clicks sit at pixe
 prompt encoder adds its own half pixel). The IoU head learns the chosen mask's IoU only
 unless `--all-iou` (SAM 2.1's config supervises all three).
 
-`--prompt-frames N` adds SAM's image-level task (`prompt_loss`): on N frames of each clip
+`--prompt-frames N` adds SAM's image-level task (`prompt_losses`): on N frames of each clip
 every visible object is prompted alone by a box, a click, and a click with an outside one,
 through SAM 2's path for a first prompt, with the same losses (`--prompt-only`: that task
 alone). Without it the decoder barely learned boxes and clicks (frame 0 of a quarter of the
@@ -25,7 +32,11 @@ and CPU arithmetic repeats bit for bit at a fixed thread count (`--threads`, 1 b
 two 30-step runs gave identical weights). The shipped `pipeline/weights/segpipe_tiny.pt`
 (package data: `segpipe/weights/` in an installed segpipe) holds the tensors of three runs:
 the default arguments, then the two in docs/demo-model.md (the last saved under another name
-and copied, so the file's bytes, and the sha256 stores record, differ from a rerun's). The
+and copied, so the file's bytes, and the sha256 stores record, differ from a rerun's). They
+ran in the loop of one clip at a time, before the batched step. On the same clip, a step now
+gives that loop's loss bit for bit and its gradients within 6e-8 (checked once, on six
+clips); over thousands of steps such differences grow, so a rerun would not give the
+shipped tensors. The
 run's full state (weights, optimiser, schedule, step, torch's random state, the
 time spent) is saved beside this script, to `data/<out's stem>.state.pt`, every `--log-every`
 steps; run the same command again after a kill, or in a later sitting, and it continues from
@@ -38,7 +49,7 @@ On a GPU (`--device cuda`) the forward pass runs under bfloat16 autocast, as SAM
 (`--precision`; the weights, the optimiser and the losses stay float32), `--batch N` takes N
 clips a step, and `--minutes M` ends a sitting in time (a lent GPU is lent for minutes):
 the weights are written as float32 CPU tensors, so they load on any machine, and the same
-command continues the run. None of this changes a CPU float32 run of one clip a step.
+command continues the run. `benchmarks/bench_train.py` measures clips a second.
 
     python data/train_tiny.py --out data/first.pt      # the first of the shipped runs
 """
@@ -52,6 +63,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -128,18 +140,19 @@ def set_locality(model, strength: float) -> None:
 
 
 def normalised(frames: torch.Tensor) -> torch.Tensor:
-    """Frames in [0, 1] as SAM 2's image encoder takes them (ImageNet mean and std)."""
+    """Frames (uint8, or in [0, 1]) as SAM 2's image encoder takes them (ImageNet mean and std)."""
+    if frames.dtype == torch.uint8:
+        frames = frames.float() / 255
     return (frames - MEAN.to(frames.device)) / STD.to(frames.device)
 
 
-def frame0_inputs(rng, masks0: np.ndarray, device="cpu"):
+def frame0_inputs(rng, masks0: np.ndarray):
     """Frame 0's prompts for all objects, one kind per clip: masks (half the clips), boxes or
     clicks (a positive one, with a negative one outside in half of those), as SAM 2's
-    predictor passes them (coordinates in model-input pixels), on `device`. Returns
-    (points, mask)."""
+    predictor passes them (coordinates in model-input pixels). Returns (points, mask)."""
     kind = rng.choice(["mask", "box", "points"], p=[0.5, 0.25, 0.25])
     if kind == "mask":
-        return None, torch.from_numpy(masks0[:, None]).float().to(device)
+        return None, torch.from_numpy(masks0[:, None]).float()
     coords, labels = [], []
     negative = rng.random() < 0.5
     for m in masks0:
@@ -161,39 +174,9 @@ def frame0_inputs(rng, masks0: np.ndarray, device="cpu"):
         coords.append(np.array(pts, np.float32))
         labels.append(lab)
     return {
-        "point_coords": torch.from_numpy(np.stack(coords)).float().to(device),
-        "point_labels": torch.tensor(labels, dtype=torch.int32, device=device),
+        "point_coords": torch.from_numpy(np.stack(coords)).float(),
+        "point_labels": torch.tensor(labels, dtype=torch.int32),
     }, None
-
-
-def clip_loss(
-    model, frames: torch.Tensor, masks: torch.Tensor, rng, losses: Losses = Losses()
-) -> tuple[torch.Tensor, dict]:
-    """Track the clip's objects from a frame-0 prompt; the summed SAM 2 losses over frames."""
-    T, O = masks.shape[:2]
-    backbone = model.forward_image(normalised(frames))
-    _, feats, pos, sizes = model._prepare_backbone_features(backbone)
-    output = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
-    totals = {"tracked_iou": 0.0, "focal": 0.0, "dice": 0.0, "iou": 0.0, "score": 0.0}
-    loss = 0.0
-    for t in range(T):
-        cur = [f[:, t : t + 1].expand(-1, O, -1) for f in feats]
-        cur_pos = [p[:, t : t + 1].expand(-1, O, -1) for p in pos]
-        point_inputs, mask_inputs = (
-            frame0_inputs(rng, masks[0].cpu().numpy(), frames.device) if t == 0 else (None, None)
-        )
-        out, sam, _, _ = model._track_step(
-            t, t == 0, cur, cur_pos, sizes, point_inputs, mask_inputs, output, T, False, None
-        )
-        _, high_multi, ious, _, high_best, obj_ptr, score_logits = sam
-        out["pred_masks_high_res"], out["obj_ptr"] = high_best, obj_ptr
-        model._encode_memory_in_output(cur, sizes, point_inputs, True, high_best, score_logits, out)
-        output["cond_frame_outputs" if t == 0 else "non_cond_frame_outputs"][t] = out
-        parts = frame_losses(high_multi, ious, score_logits, masks[t].float(), losses)
-        for k, v in parts.items():
-            totals[k] += float(v.detach()) if t > 0 or k != "tracked_iou" else 0.0
-        loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
-    return loss / T, {k: v / (T - 1 if k == "tracked_iou" else T) for k, v in totals.items()}
 
 
 def prompt_kinds(rng, masks_t: np.ndarray) -> list[dict]:
@@ -227,48 +210,263 @@ def prompt_kinds(rng, masks_t: np.ndarray) -> list[dict]:
     ]
 
 
-def prompt_loss(
-    model, frames: torch.Tensor, masks: torch.Tensor, rng, count: int, losses: Losses = Losses()
-):
-    """SAM's image-level task on `count` frames of the clip: every visible object prompted
-    alone on a frame, by a box, a click and a click with an outside one, through SAM 2's own
-    path for a first prompt (`_track_step` on an initial conditioning frame, no memory).
-    Returns the summed SAM 2 losses and the mean IoU of the chosen masks."""
-    T = masks.shape[0]
-    picks = rng.choice(T, size=min(count, T), replace=False)
-    backbone = model.forward_image(normalised(frames[picks]))
+class Drawn(NamedTuple):
+    """One training clip and every random draw its step makes, drawn ahead (in a DataLoader
+    worker) from clip k's seeded stream, in the order the per-clip loop drew them: frames
+    (T, 3, H, W) uint8 (a quarter of float's bytes between processes), masks (T, O, H, W),
+    frame 0's prompts (`frame0_inputs`; None under --prompt-only), and for SAM's image-level
+    task the picked frames' prompts: one (frame, the indices of the objects seen there,
+    `prompt_kinds`) a picked frame where any is seen. (Indices, not a boolean mask, and
+    counts read off shapes: on a GPU the step never waits to learn a size.)"""
+
+    frames: torch.Tensor
+    masks: torch.Tensor
+    first: tuple | None
+    prompted: list
+
+
+def draw(k: int, frames: int, size: int, speed, prompt_frames: int, prompt_only: bool):
+    """Clip k drawn for a step (None: no object seen on its frame 0)."""
+    clip = training_clip(k, frames, size, speed)
+    if clip is None:
+        return None
+    x, masks, rng = clip
+    first = None if prompt_only else frame0_inputs(rng, masks[0].numpy())
+    prompted = []
+    if prompt_frames:
+        for t in rng.choice(frames, size=min(prompt_frames, frames), replace=False):
+            seen = torch.nonzero(masks[t].flatten(1).sum(1) >= 4).flatten()
+            if len(seen):
+                prompted.append((int(t), seen, prompt_kinds(rng, masks[t][seen].numpy())))
+    return Drawn((x * 255).round().to(torch.uint8), masks, first, prompted)
+
+
+class Clips(torch.utils.data.Dataset):
+    """Clip k of the run, drawn (`draw`)."""
+
+    def __init__(self, **drawing):
+        self.drawing = drawing
+
+    def __len__(self):
+        return 2**62
+
+    def __getitem__(self, k: int):
+        return draw(k, **self.drawing)
+
+
+def as_drawn(item):  # (the DataLoader's collate: a clip as it is)
+    return item
+
+
+def batches(first: int, batch: int, steps: range, workers: int, pin: bool, **drawing):
+    """Each of `steps`'s clips (step s: clips first + s * batch .. + batch - 1 of the run),
+    drawn ahead by `workers` DataLoader processes, a clip each in turn (so a step's clips are
+    drawn side by side), at least two steps ahead; pinned for the GPU with `pin`. The run's
+    random state is untouched: the loader's seed comes from its own generator."""
+    loader = torch.utils.data.DataLoader(
+        Clips(**drawing),
+        batch_size=None,
+        sampler=range(first + steps.start * batch, first + steps.stop * batch),
+        collate_fn=as_drawn,
+        generator=torch.Generator(),
+        num_workers=workers,
+        pin_memory=pin,
+        prefetch_factor=max(2, -(-2 * batch // workers)) if workers else None,
+        persistent_workers=False,
+    )
+    clips = iter(loader)
+    for _ in steps:
+        yield [next(clips) for _ in range(batch)]
+
+
+def to(value, device):
+    """Tensors (in dicts, tuples and lists) moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        moved = [to(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+    return value
+
+
+def step_loss(model, drawn: list, losses: Losses = Losses()):
+    """The mean over a step's clips (a clip None, with no object seen, counts 0) of each
+    clip's SAM 2 losses: tracking its objects from frame 0's prompts (the per-frame mean) plus,
+    where drawn, SAM's image-level task (its mean over frames and prompt kinds). All the clips
+    go through the networks together: their frames through the image encoder as one batch,
+    their objects through each frame's `_track_step` as one batch of objects (SAM 2 tracks
+    each object alone: its memories are its own). Returns (loss or None, each clip's parts).
+    A training model only: in eval SAM 2's memory encoder makes the batch's masks not overlap,
+    which would mix the clips' objects."""
+    assert model.training, "step_loss batches clips as a training model may"
+    clips = [d for d in drawn if d is not None]
+    totals = [0.0] * len(clips)
+    parts = [{} for _ in clips]
+    tracked = [i for i, d in enumerate(clips) if d.first is not None]
+    if tracked:
+        for i, (loss, p) in zip(tracked, track_losses(model, [clips[i] for i in tracked], losses)):
+            totals[i], parts[i] = totals[i] + loss, p
+    prompted = [i for i, d in enumerate(clips) if d.prompted]
+    if prompted:
+        for i, (loss, iou) in zip(
+            prompted, prompt_losses(model, [clips[i] for i in prompted], losses)
+        ):
+            totals[i], parts[i]["prompted_iou"] = totals[i] + loss, iou
+    counted = [t for i, t in enumerate(totals) if i in tracked or i in prompted]
+    if not counted:
+        return None, []
+    return sum(counted) / len(drawn), [
+        p for i, p in enumerate(parts) if i in tracked or i in prompted
+    ]
+
+
+def objects_at(feats, pos, frame_of):
+    """The features of each object's frame: `frame_of` (N,) indexes the encoded frames."""
+    return [f[:, frame_of] for f in feats], [p[:, frame_of] for p in pos]
+
+
+def track_losses(model, clips: list, losses: Losses) -> list:
+    """Each clip's tracking loss and parts: its objects tracked from frame 0's prompts,
+    SAM 2's losses summed over frames, over T. On frame 0 the objects go in one
+    `_track_step` per prompt kind (a batch needs one kind and one point count), then on."""
+    T = clips[0].frames.shape[0]
+    backbone = model.forward_image(normalised(torch.cat([c.frames for c in clips])))
     _, feats, pos, sizes = model._prepare_backbone_features(backbone)
-    loss, ious, n = 0.0, 0.0, 0
-    for i, t in enumerate(picks):
-        seen = masks[t].flatten(1).sum(1) >= 4
-        if not seen.any():
-            continue
-        target = masks[t][seen]
-        O = len(target)
-        cur = [f[:, i : i + 1].expand(-1, O, -1) for f in feats]
-        cur_pos = [p[:, i : i + 1].expand(-1, O, -1) for p in pos]
-        for points in prompt_kinds(rng, target.cpu().numpy()):
-            points = {k: v.to(frames.device) for k, v in points.items()}
-            _, sam, _, _ = model._track_step(
-                0,
-                True,
-                cur,
-                cur_pos,
-                sizes,
-                points,
-                None,
-                {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}},
-                1,
-                False,
-                None,
+    counts = [c.masks.shape[1] for c in clips]
+    owner = torch.repeat_interleave(torch.arange(len(clips)), torch.tensor(counts))
+    ends = np.cumsum([0, *counts])
+    own = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
+    output = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
+    loss = [0.0] * len(clips)
+    totals = [dict.fromkeys(("tracked_iou", "focal", "dice", "iou", "score"), 0.0) for _ in clips]
+    device = clips[0].frames.device
+    for t in range(T):
+        cur, cur_pos = objects_at(feats, pos, (owner * T + t).to(device))
+        if t == 0:
+            out, answers, (high_best, score_logits, points) = first_frame(
+                model, clips, own, cur, cur_pos, sizes, T
             )
-            _, high_multi, pred_ious, _, _, _, score_logits = sam
-            parts = frame_losses(high_multi, pred_ious, score_logits, target.float(), losses)
-            loss = loss + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
-            ious, n = ious + float(parts["tracked_iou"]), n + 1
-    if n == 0:  # no object seen on the picked frames
-        return None, None
-    return loss / n, ious / n
+        else:
+            out, sam, _, _ = model._track_step(
+                t, False, cur, cur_pos, sizes, None, None, output, T, False, None
+            )
+            _, high_multi, ious, _, high_best, obj_ptr, score_logits = sam
+            out["pred_masks_high_res"], out["obj_ptr"], points = high_best, obj_ptr, None
+            answers = [(high_multi[o], ious[o], score_logits[o]) for o in own]
+        model._encode_memory_in_output(cur, sizes, points, True, high_best, score_logits, out)
+        output["cond_frame_outputs" if t == 0 else "non_cond_frame_outputs"][t] = out
+        for b, (high_multi, ious, score_logits) in enumerate(answers):
+            parts = frame_losses(high_multi, ious, score_logits, clips[b].masks[t].float(), losses)
+            for k, v in parts.items():  # (summed where they are: read once, when logged)
+                if t > 0 or k != "tracked_iou":
+                    totals[b][k] = totals[b][k] + v.detach()
+            loss[b] = loss[b] + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
+    return [
+        (loss[b] / T, {k: v / (T - 1 if k == "tracked_iou" else T) for k, v in totals[b].items()})
+        for b in range(len(clips))
+    ]
+
+
+def first_frame(model, clips, own, cur, cur_pos, sizes, T):
+    """Frame 0, every object prompted as its clip's prompts say: one `_track_step` per kind
+    of prompt (masks; points by their count: boxes and two clicks are two, a click one),
+    the outputs put back in the objects' order. Returns (the frame's output, each clip's
+    (multimask logits, their IoUs, object score logits))."""
+    groups = {}
+    for b, (points, mask) in enumerate(c.first for c in clips):
+        key = "mask" if mask is not None else points["point_coords"].shape[1]
+        groups.setdefault(key, []).append(b)
+    answers, best, ptrs, scores, order = [None] * len(clips), [], [], [], []
+    points_any = None
+    for key, members in groups.items():
+        index = torch.cat([torch.arange(own[b].start, own[b].stop) for b in members])
+        firsts = [clips[b].first for b in members]
+        if key == "mask":
+            points, mask = None, torch.cat([m for _, m in firsts])
+        else:
+            points = {k: torch.cat([p[k] for p, _ in firsts]) for k in firsts[0][0]}
+            mask, points_any = None, points
+        device = cur[0].device
+        _, sam, _, _ = model._track_step(
+            0,
+            True,
+            [f[:, index.to(device)] for f in cur],
+            [p[:, index.to(device)] for p in cur_pos],
+            sizes,
+            points,
+            mask,
+            {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}},
+            T,
+            False,
+            None,
+        )
+        _, high_multi, ious, _, high_best, obj_ptr, score_logits = sam
+        at = 0
+        for b in members:
+            n = own[b].stop - own[b].start
+            answers[b] = (high_multi[at : at + n], ious[at : at + n], score_logits[at : at + n])
+            at += n
+        best.append(high_best), ptrs.append(obj_ptr), scores.append(score_logits)
+        order.append(index)
+    back = torch.argsort(torch.cat(order)).to(cur[0].device)  # the objects' own order again
+    high_best = torch.cat(best)[back]
+    out = {"point_inputs": None, "mask_inputs": None, "pred_masks_high_res": high_best,
+           "obj_ptr": torch.cat(ptrs)[back]}  # fmt: skip
+    # (a training model's memory encoder takes masks from points as it takes the others)
+    return out, answers, (high_best, torch.cat(scores)[back], points_any)
+
+
+def prompt_losses(model, clips: list, losses: Losses) -> list:
+    """SAM's image-level task for each clip: on its picked frames every visible object
+    prompted alone by a box, a click, and a click with an outside one, through SAM 2's own
+    path for a first prompt (`_track_step` on an initial conditioning frame, no memory).
+    Every clip's picked frames go through the image encoder together, and each kind of
+    prompt through one `_track_step` for all of them. Returns each clip's (mean loss, mean
+    IoU of the chosen masks)."""
+    frames = torch.cat([c.frames[[t for t, _, _ in c.prompted]] for c in clips])
+    backbone = model.forward_image(normalised(frames))
+    _, feats, pos, sizes = model._prepare_backbone_features(backbone)
+    entries = [
+        (b, i, seen) for b, c in enumerate(clips) for i, (_, seen, _) in enumerate(c.prompted)
+    ]
+    first_of = np.cumsum([0] + [len(c.prompted) for c in clips])
+    frame_of = torch.cat(
+        [torch.full((len(seen),), int(first_of[b]) + i) for b, i, seen in entries]
+    ).to(frames.device)
+    cur, cur_pos = objects_at(feats, pos, frame_of)
+    loss, ious, n = [0.0] * len(clips), [0.0] * len(clips), [0] * len(clips)
+    for kind in range(3):  # box, click, click and an outside one
+        points = {
+            key: torch.cat([clips[b].prompted[i][2][kind][key] for b, i, _ in entries])
+            for key in ("point_coords", "point_labels")
+        }
+        _, sam, _, _ = model._track_step(
+            0,
+            True,
+            cur,
+            cur_pos,
+            sizes,
+            points,
+            None,
+            {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}},
+            1,
+            False,
+            None,
+        )
+        _, high_multi, pred_ious, _, _, _, score_logits = sam
+        at = 0
+        for b, i, seen in entries:
+            target = clips[b].masks[clips[b].prompted[i][0]][seen]
+            sl = slice(at, at + len(target))
+            at += len(target)
+            parts = frame_losses(
+                high_multi[sl], pred_ious[sl], score_logits[sl], target.float(), losses
+            )
+            loss[b] = loss[b] + 20 * parts["focal"] + parts["dice"] + parts["iou"] + parts["score"]
+            ious[b], n[b] = ious[b] + parts["tracked_iou"].detach(), n[b] + 1
+    return [(loss[b] / n[b], ious[b] / n[b]) for b in range(len(clips))]
 
 
 def frame_losses(logits, ious, score_logits, target, losses: Losses = Losses()):
@@ -341,7 +539,7 @@ def main() -> None:
         type=int,
         default=0,
         help="frames of each clip also trained on SAM's image-level task (every object "
-        "prompted alone by a box, a click, a click and an outside one; `prompt_loss`)",
+        "prompted alone by a box, a click, a click and an outside one; `prompt_losses`)",
     )
     parser.add_argument(
         "--speed",
@@ -406,6 +604,12 @@ def main() -> None:
         "--batch", type=int, default=1, help="clips per optimiser step (their losses averaged)"
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        help="processes that draw the clips ahead of the steps (default: all cores but 2 on cuda, 0 on "
+        "cpu, where the threads take the cores); clip k is clip k whatever the count",
+    )
+    parser.add_argument(
         "--minutes",
         type=float,
         help="end this sitting after this many minutes (after a step): --out is written, the "
@@ -414,6 +618,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch < 1:
         parser.error("--batch must be at least 1")
+    if args.workers is not None and args.workers < 0:
+        parser.error("--workers must be at least 0")
+    workers = (
+        args.workers
+        if args.workers is not None
+        else (max(1, (os.cpu_count() or 2) - 2) if args.device == "cuda" else 0)
+    )
     if args.minutes is not None and args.minutes <= 0:
         parser.error("--minutes must be more than 0")
     if (args.minutes or args.stop_after) and args.out.resolve() == WEIGHTS.resolve():
@@ -497,29 +708,17 @@ def main() -> None:
     end = min(args.steps, args.stop_after or args.steps)
     if start > end:
         sys.exit(f"error: {state_path} is at step {start}, past --stop-after {end}")
-    for step in range(start, end):
+    steps = batches(  # the clips drawn ahead, in other processes
+        first_clip, args.batch, range(start, end), workers, args.device == "cuda",
+        frames=args.frames, size=args.size, speed=args.speed,
+        prompt_frames=args.prompt_frames, prompt_only=args.prompt_only,
+    )  # fmt: skip
+    for step, drawn in zip(range(start, end), steps):
         opt.zero_grad(set_to_none=True)
-        seen = []
-        for b in range(args.batch):  # clip k of the run: step * batch + b
-            clip = training_clip(
-                first_clip + step * args.batch + b, args.frames, args.size, args.speed
-            )
-            if clip is None:
-                continue
-            frames, masks, rng = clip
-            frames, masks = frames.to(args.device), masks.to(args.device)
-            loss, parts = None, {}
-            with autocast:
-                if not args.prompt_only:
-                    loss, parts = clip_loss(model, frames, masks, rng, losses)
-                if args.prompt_frames:
-                    extra, iou = prompt_loss(model, frames, masks, rng, args.prompt_frames, losses)
-                    if extra is not None:
-                        loss, parts["prompted_iou"] = extra if loss is None else loss + extra, iou
-            if loss is not None:  # each clip's graph freed at once; the gradients add up
-                (loss / args.batch if args.batch != 1 else loss).backward()
-                seen.append(parts)
-        if seen:  # the mean over the batch's clips (a clip with no object seen counts 0)
+        with autocast:
+            loss, seen = step_loss(model, to(drawn, args.device), losses)
+        if loss is not None:  # the mean over the batch's clips (one with no object seen: 0)
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             recent.extend(seen)
@@ -529,7 +728,7 @@ def main() -> None:
         if (step + 1) % args.log_every == 0 or step + 1 == end:
             if recent:
                 keys = dict.fromkeys(k for p in recent for k in p)
-                mean = {k: np.mean([p[k] for p in recent if k in p]) for k in keys}
+                mean = {k: np.mean([float(p[k]) for p in recent if k in p]) for k in keys}
                 print(
                     f"step {step + 1}/{args.steps} {time.time() - began:.0f}s "
                     f"lr {sched.get_last_lr()[0]:.2e} "

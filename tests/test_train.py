@@ -15,10 +15,10 @@ import torch
 TRAIN = Path(__file__).resolve().parents[1] / "data" / "train_tiny.py"
 
 
-def _command(out: Path, state: Path) -> list[str]:
+def _command(out: Path, state: Path, *more: str) -> list[str]:
     return [sys.executable, str(TRAIN), "--out", str(out), "--state", str(state), "--steps", "6",
             "--frames", "2", "--size", "64", "--log-every", "2", "--prompt-frames", "1",
-            "--all-iou"]  # fmt: skip
+            "--all-iou", "--batch", "2", *more]  # fmt: skip
 
 
 def _train_in_process(monkeypatch, tmp_path, out: Path, *more: str) -> None:
@@ -37,19 +37,30 @@ def _train_in_process(monkeypatch, tmp_path, out: Path, *more: str) -> None:
 
 
 def test_a_killed_training_continues_to_the_same_weights(tmp_path):
+    """Two clips a step; the killed run draws its clips in 2 DataLoader processes, the
+    straight one in its own: clip k is clip k, and the run's random state (dropout) is
+    untouched by the loader."""
     straight = tmp_path / "straight.pt"
     subprocess.run(_command(straight, tmp_path / "s.state.pt"), check=True, capture_output=True)
     out, state = tmp_path / "resumed.pt", tmp_path / "r.state.pt"
-    proc = subprocess.Popen(_command(out, state), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    workers = ("--workers", "2")
+    proc = subprocess.Popen(  # (its own group: the kill takes its workers too)
+        _command(out, state, *workers),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not state.exists():  # the first save (step 2 of 6) has landed
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     saved = torch.load(state, weights_only=False)["step"]
     assert saved < 6 and not out.exists(), "the kill did not land mid-run"
-    again = subprocess.run(_command(out, state), check=True, capture_output=True, text=True)
+    again = subprocess.run(
+        _command(out, state, *workers), check=True, capture_output=True, text=True
+    )
     assert f"resuming at step {saved}" in again.stdout
     assert not state.exists()
     a, b = torch.load(straight, weights_only=True), torch.load(out, weights_only=True)
@@ -190,3 +201,53 @@ def test_locality_and_speed_set_what_they_say_and_are_recorded(tmp_path, monkeyp
     fast = real(3, 4, 64, (3.0, 3.0))[1]
     assert all(torch.equal(still[t], still[0]) for t in range(4))
     assert not all(torch.equal(fast[t], fast[0]) for t in range(4))
+
+
+def test_a_batched_step_is_the_mean_of_its_clips_steps():
+    """Issue 50: a step's clips go through the networks together (their frames one batch
+    of the image encoder, their objects one batch of `_track_step` a frame, frame 0's by
+    kind of prompt) and give the loss and gradients of the mean of each clip's step alone,
+    within float tolerance. The clips: prompted by masks, two points (a box or a click and an
+    outside one), a click, and masks again (so frame 0's kinds interleave and its outputs go
+    back into the objects' order), SAM's image-level task on 2 frames each, and one with no
+    object seen (it counts 0). Dropout is off: a batch draws its masks in other shapes.
+    Tolerance: each gradient within 1e-4 of the largest one's size (an attention's key bias,
+    whose true gradient is 0, gets float noise)."""
+    import train_tiny
+
+    model = train_tiny.build(0, 64)
+    train_tiny.look_where_it_was(model)
+    model.train()
+    for m in model.modules():  # (SAM 2's attention drops out by its own `dropout_p`)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if hasattr(m, "dropout_p"):
+            m.dropout_p = 0.0
+    drawn = [train_tiny.draw(k, 3, 64, train_tiny.SPEED, 2, False) for k in (1, 2, 5, 6)]
+    kinds = [d.first[1] is not None or d.first[0]["point_coords"].shape[1] for d in drawn]
+    assert kinds == [True, 2, 1, True] and all(d.prompted for d in drawn)
+    drawn.append(None)
+    encoded, forward_image = [], model.forward_image
+    model.forward_image = lambda x: (encoded.append(len(x)), forward_image(x))[1]
+
+    def step(clips):
+        model.zero_grad(set_to_none=True)
+        loss, parts = train_tiny.step_loss(model, clips)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, parts
+
+    batched, grads, parts = step(drawn)
+    assert encoded == [4 * 3, 4 * 2]  # every clip's frames at once, then the picked frames
+    assert len(parts) == 4 and all("prompted_iou" in p and "focal" in p for p in parts)
+    alone = [step([d]) for d in drawn[:4]]
+    mean = sum(loss for loss, _, _ in alone) / len(drawn)
+    assert torch.allclose(batched, mean, rtol=1e-5), (batched, mean)
+    assert len(grads) > 100 and grads.keys() == set().union(*(each for _, each, _ in alone))
+    means = {  # (a clip prompted by masks gives the point encoder none)
+        k: sum(each.get(k, torch.zeros_like(g)) for _, each, _ in alone) / len(drawn)
+        for k, g in grads.items()
+    }
+    largest = max(float(m.abs().max()) for m in means.values())
+    for k, g in grads.items():
+        assert torch.allclose(g, means[k], rtol=1e-3, atol=1e-4 * largest), k
