@@ -18,15 +18,8 @@ FRAMES=${FRAMES:-41}
 RUN_FRAMES=${RUN_FRAMES:-300}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/gpu_check.log"; }
-
-part() {  # part NAME SECONDS COMMAND...: run it under its timeout, its output into NAME.txt
-    local name=$1 limit=$2
-    shift 2
-    log "$name: start (limit ${limit}s)"
-    timeout --signal=KILL "$limit" "$@" >"$OUT/$name.txt" 2>&1
-    log "$name: exit $? ($(tail -c 300 "$OUT/$name.txt" | tr '\n' ' '))"
-}
+LOG=gpu_check.log
+source benchmarks/gpu_parts.sh
 
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')" | tee -a "$OUT/gpu_check.log"

@@ -22,15 +22,8 @@ BATCH=${BATCH:-32}
 SIZE=${SIZE:-256}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$OUT/gpu_train.log"; }
-
-part() {  # part NAME SECONDS COMMAND...: run it under its timeout, its output into NAME.txt
-    local name=$1 limit=$2
-    shift 2
-    log "$name: start (limit ${limit}s)"
-    timeout --signal=KILL "$limit" "$@" >"$OUT/$name.txt" 2>&1
-    log "$name: exit $? ($(tail -c 300 "$OUT/$name.txt" | tr '\n' ' '))"
-}
+LOG=gpu_train.log
+source benchmarks/gpu_parts.sh
 
 part bench_train 150 $PY benchmarks/bench_train.py --device "$DEVICE" $BENCH
 # the recipe docs/demo-model.md names for a GPU, from the shipped weights

@@ -413,7 +413,9 @@ def build(
     model = attrs.get("model") or {}
     track = attrs.get("track") or {}
     emb = later.embedding_dtype or model.get("embedding_dtype") or "float32"
-    precision = later.precision or model.get("precision") or "float32"
+    from segpipe.model import precision_of
+
+    precision = precision_of(later.precision, store)  # (the device's default: see space.py)
     prompts = _prompts_of(later, track)
     direction = later.direction or track.get("direction")
     object_start = later.object_start or (track.get("options") or {}).get("object_start")

@@ -181,6 +181,15 @@ def pick_precision(precision: str | None, device: str) -> str:
     return precision
 
 
+def precision_of(asked: str | None, store=None, device_type: str = "cpu") -> str:
+    """The precision work computes in, resolved one way everywhere (encode, the studio's
+    preview, the disk guard, the estimate): the one asked for, else the store's (its
+    embeddings were made in it), else the default of the device the model runs on
+    (`pick_precision`); validated."""
+    stored = (store.attrs.get("model") or {}).get("precision") if store is not None else None
+    return pick_precision(asked or stored, device_type)
+
+
 def autocast(device_type: str, precision: str):
     """The autocast context of `precision` on `device_type` (CPU autocast runs the same code
     path as CUDA's, so the GPU semantics can be tested without a GPU)."""

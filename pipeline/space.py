@@ -199,10 +199,10 @@ class SpaceGuard:
             except Exception:  # noqa: BLE001
                 later.prompts = None
         if later.embedding_dtype == "bfloat16" and later.precision is None:
-            from segpipe.model import pick_device, pick_precision
+            from segpipe.model import pick_device, precision_of
 
             try:
-                later.precision = pick_precision(None, pick_device(later.device))
+                later.precision = precision_of(None, None, pick_device(later.device))
             except Exception:  # noqa: BLE001 - encode reports a bad device
                 pass
         return later

@@ -25,7 +25,7 @@ from segpipe.model import (
     for_workers,
     model_spec,
     pick_device,
-    pick_precision,
+    precision_of,
     predictor_for,
     resolve_weights,
     trained_size,
@@ -128,7 +128,7 @@ def encode(
         e.embedding_dtype,
     )
     weights = resolve_weights(model, checkpoint, e.random_weights)
-    precision = _choose_precision(store, e.precision, device, predictor, cluster)
+    precision = precision_of(e.precision, store, _device_type(device, predictor, cluster))
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     plan = ChunkPlan(T, store.chunk_size)
     work = environment.of_work(device, predictor, cluster)
@@ -159,21 +159,12 @@ def encode(
     return store
 
 
-def _choose_precision(
-    store: RunStore, precision: str | None, device: str, predictor, cluster
-) -> str:
-    """The precision to encode in: the one asked for, else the store's, else the device's."""
-    if precision is None:  # the store's, else the default of the device the model runs on
-        stored = (store.attrs.get("model") or {}).get("precision")
-        precision = stored or pick_precision(
-            None,
-            cluster.device
-            if cluster is not None
-            else predictor.device.type
-            if predictor is not None
-            else pick_device(device),
-        )
-    return pick_precision(precision, "cpu")  # validated
+def _device_type(device: str, predictor, cluster) -> str:
+    """The device type the model runs on: the cluster's workers', the predictor's, else the
+    one `device` picks here."""
+    if cluster is not None:
+        return cluster.device
+    return predictor.device.type if predictor is not None else pick_device(device)
 
 
 def _start(

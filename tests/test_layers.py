@@ -232,3 +232,21 @@ def test_no_private_name_crosses_a_module():
                     if a.name.startswith("_") and not a.name.startswith("__")
                 ]
     assert crossing == []
+
+
+TABLES: set[str] = set()  # functions longer than LONGEST that are declarative tables: none now
+LONGEST = 60
+
+
+def test_no_function_is_longer_than_a_screen():
+    """Issue 46: no function of the package is over 60 lines (its docstring included), but
+    declarative tables named in TABLES: a function one can read in one sitting."""
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                where = f"{name}.{node.name}"
+                if lines > LONGEST and where not in TABLES:
+                    long.append(f"{where} ({path.name}:{node.lineno}): {lines} lines")
+    assert long == []

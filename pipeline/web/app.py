@@ -174,14 +174,16 @@ class Endpoints:
         description: 'Body {"frame": N, "object": ID}; a PNG, 255 = object, and the header
           X-Object-Score; where the object is tracked on that frame, the header X-Change,
           {"iou", "shift", "drastic"}: the overlap with its tracked mask, how far its centre
-          moved in body lengths, and whether the correction moves it drastically.'
+          moved in body lengths, and whether the correction moves it drastically. 204 where
+          the object has no prompt on that frame (an edit may have just taken it away).'
         """
         body = await _json(request)
         if not isinstance(body, dict):
             raise BadInput('the body must be {"frame": N, "object": ID}')
-        data, score, change = await run_in_threadpool(
-            self.studio.preview, body.get("frame"), body.get("object")
-        )
+        made = await run_in_threadpool(self.studio.preview, body.get("frame"), body.get("object"))
+        if made is None:
+            return Response(status_code=204)
+        data, score, change = made
         headers = {"X-Object-Score": f"{score:.4f}"}
         if change is not None:  # the object is tracked there: how far the correction moves it
             headers["X-Change"] = json.dumps(change)

@@ -15,7 +15,7 @@ from segpipe.model import (
     autocast,
     model_spec_of,
     pick_device,
-    pick_precision,
+    precision_of,
     predictor_for,
     resolve_weights,
 )
@@ -59,8 +59,7 @@ class Previewer:
             self.model(store)
 
     def precision(self, store: RunStore) -> str:
-        spec = store.attrs.get("model")
-        return spec["precision"] if spec else pick_precision(None, pick_device(self.device))
+        return precision_of(None, store, pick_device(self.device))
 
     @torch.inference_mode()
     def mask(self, prompts: list) -> tuple[np.ndarray, float]:

@@ -29,6 +29,7 @@ from segpipe.errors import (
 )
 from segpipe.flags import ChunkMeasures, detect, written
 from segpipe.fsutil import resolved
+from segpipe.limits import MAX_OBJECT_ID
 from segpipe.model import model_spec_of
 from segpipe.plan import Span, passes
 from segpipe.settings import Encoding, Execution, Tracking
@@ -429,14 +430,17 @@ class Studio:
             self.seen = self._tracking_seen(store)
         self.bump()
 
-    def preview(self, frame, object_id) -> tuple[bytes, float, dict | None]:
+    def preview(self, frame, object_id) -> tuple[bytes, float, dict | None] | None:
         """The mask SAM 2 makes on `frame` for `object_id`'s prompts there (PNG, 255 = object),
         its object score, and how it differs from the object's tracked mask there
-        (`change`)."""
+        (`change`); None where it has no prompt there (now: a page's edit, or another tab's,
+        may have taken it away while the page asked)."""
         frame = self.frame_number(frame)
+        if type(object_id) is not int or not 0 < object_id <= MAX_OBJECT_ID:
+            raise BadInput(f"object must be an object id (an integer 1..{MAX_OBJECT_ID})")
         mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
         if not mine:
-            raise BadInput(f"object {object_id!r} has no prompt on frame {frame}")
+            return None
         mask, score = self.previewer.mask(mine)
         return png(mask.astype(np.uint8) * 255), score, self.change(frame, object_id, mask)
 

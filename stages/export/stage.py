@@ -114,27 +114,32 @@ class Export:
             )
         )
         self.stage = f"export_{self.name}"
-        # (new tracking options discard the exports with the tracking: see `reset_from`)
+        self._record(track, ids, palette, per_object, labels, force, recorded)
+        self.complete = bool(store.attrs["exports"][self.name].get("complete"))
+        self.plan = ChunkPlan(T, C)
+        self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
+        self.started = False
+
+    def _record(self, track, ids, palette, per_object, labels, force: bool, recorded: bool):
+        """The export's record made or checked (`_reconcile_record`): the settings its parts
+        are made with, and the objects' names where its format shows them (in those settings,
+        or, a format that names them in its finish only, in what its finish was made with).
+        New tracking options discard the exports with the tracking: see `reset_from`."""
         settings = {
-            "out": str(out),
-            "frames": [a, b],
+            "out": str(self.out),
+            "frames": list(self.range),
             "objects": ids,
             "track": track["prompts_sha256"],
             "direction": track["direction"],
             "palette": palette,
             "per_object": per_object,
         }
-        # (None: as a record made before there were labels)
-        named = {"labels": None if labels is None else entries(labels)}
-        in_parts = getattr(self.writer, "NAMES_IN_PARTS", True)  # (else its finish only)
-        if FORMATS[fmt].named and in_parts:
-            settings.update(named)
-        finished = named if FORMATS[fmt].named and not in_parts else {}
+        named = {"labels": None if labels is None else entries(labels)}  # (None: as before labels)
+        in_parts = getattr(self.writer, "NAMES_IN_PARTS", True)
+        if FORMATS[self.fmt].named and in_parts:
+            settings = {**settings, **named}
+        finished = named if FORMATS[self.fmt].named and not in_parts else {}
         self._reconcile_record(settings, force, recorded, finished)
-        self.complete = bool(store.attrs["exports"][self.name].get("complete"))
-        self.plan = ChunkPlan(T, C)
-        self.chunks = list(range(self.plan.chunk_of(a), self.plan.chunk_of(b - 1) + 1))
-        self.started = False
 
     def _reconcile_record(
         self, settings: dict, force: bool, recorded: bool, finished: dict

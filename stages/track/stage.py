@@ -148,51 +148,45 @@ def track(
     track; with `draft` False, those of the last track: a repair), resuming or repairing
     whatever is not done.
 
-    `tracking` (None: all the store's) says what is computed; what it leaves None is the
-    store's, else the default (`Tracking.resolve`). Of `encoding`, the `checkpoint` and
-    `batch_size`: chunks without features on disk are encoded as the passes reach them
-    (see `supply`). `execution`: the device, progress, `force` (track anew),
-    `groups` (of objects, one after another here, side by side on Dask workers; one under
-    non-overlap or `object_batch`: `stages.track.groups`) and `allow_env_change` (the store
-    is computed in one environment: `segpipe.environment`). `on_commit(direction, chunk)`
-    is called after each chunk a pass commits (`run` and the dataset command export it
-    then). With `cluster` (`segpipe.dask.client`), the passes run on Dask workers
-    (`segpipe.dask.tasks`). `space` (`segpipe.space.SpaceGuard`, `run`'s) is asked before
-    the first write, when there is work to do."""
+    `tracking` (None: all the store's) says what is computed; what it leaves None is the store's,
+    else the default (`Tracking.resolve`). Of `encoding`, the `checkpoint` and `batch_size`:
+    chunks without features on disk are encoded as the passes reach them (see `supply`).
+    `execution`: the device, progress, `force` (track anew), `groups` (of objects, one after
+    another here, side by side on Dask workers; one under non-overlap or `object_batch`:
+    `stages.track.groups`) and `allow_env_change` (the store is computed in one environment:
+    `segpipe.environment`). `on_commit(direction, chunk)` is called after each chunk a pass
+    commits (`run` and the dataset command export it then). With `cluster`
+    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`). `space`
+    (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is work."""
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
-    if prompts is None and draft and draft_prompts(store) is not None:
-        log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
-    given = prompts
-    plan, spec, prompts = _track_inputs(store, prompts, draft)
-    if not family_of(spec["name"]).tracks_with_segpipe:
-        raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
-    weights, seed = embeddings_weights(store, spec, checkpoint)
+    named = of_prompts(prompts)  # (a prompts file's "objects", checked as it is read)
+    plan, spec, prompts, weights = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
-    direction, options, window = resolved.direction, resolved.options, resolved.window
-    if seed is not None:
-        log.warn("random weights: masks from them mean nothing")
-    _check_predictor(predictor, options)
-    settings = tracking_settings(prompts, direction, options, window)
+    _check_predictor(predictor, resolved.options)
+    settings = tracking_settings(prompts, resolved.direction, resolved.options, resolved.window)
     again = execution.force or stored_settings(store) != settings  # every chunk anew
     env = (environment.of_work(device, predictor, cluster), execution.allow_env_change)
-    named = of_prompts(given)  # (the prompts file's "objects", checked as it was read)
-    pending = _prepare_passes(store, plan, prompts, settings, direction, again, quiet, space, env)
+    pending = _prepare_passes(
+        store, plan, prompts, settings, resolved.direction, again, quiet, space, env
+    )
     save_labels(store, named)
     if not pending:
         sweep(store)
         log.info("track: already complete", quiet)
         return store
-    groups = _groups(store, execution.groups, options, cluster, quiet)
-    batch_size = encoding.batch_size
+    groups = _groups(store, execution.groups, resolved.options, cluster, quiet)
     if cluster is not None:
-        work = cluster.work(store_path, for_workers(checkpoint, weights), device, batch_size)
+        work = cluster.work(
+            store_path, for_workers(checkpoint, weights), device, encoding.batch_size
+        )
         cluster.track(store, pending, work, on_commit, quiet, groups or cluster.size)
     else:
-        if predictor is None:
-            predictor = predictor_for(spec, weights, device, options)
-        run_passes(store, predictor, prompts, pending, on_commit, batch_size, quiet, groups or 1)
+        predictor = predictor or predictor_for(spec, weights, device, resolved.options)
+        run_passes(
+            store, predictor, prompts, pending, on_commit, encoding.batch_size, quiet, groups or 1
+        )
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
     return store
@@ -217,20 +211,28 @@ def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: 
     return groups
 
 
-def _track_inputs(store: RunStore, prompts, draft: bool = True):
-    """(chunk plan, model spec, prompts) of a tracking of the store, checked."""
+def _track_inputs(store: RunStore, prompts, draft: bool, checkpoint, quiet: bool):
+    """(chunk plan, model spec, prompts, weights) of a tracking of the store, checked (the
+    prompts given, else the studio's draft, said, else the last track's)."""
     T = require_decoded(store)
     plan = ChunkPlan(T, store.chunk_size)
     spec = store.attrs.get("model")
     if spec is None:
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
+    if not family_of(spec["name"]).tracks_with_segpipe:
+        raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
+    if prompts is None and draft and draft_prompts(store) is not None:
+        log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
     video = store.attrs["video"]
     prompts = (
         (next_prompts(store) if draft else stored_prompts(store))
         if prompts is None
         else prompt_file.load(prompts, T, video["width"], video["height"])
     )
-    return plan, spec, prompts
+    weights, seed = embeddings_weights(store, spec, checkpoint)
+    if seed is not None:
+        log.warn("random weights: masks from them mean nothing")
+    return plan, spec, prompts, weights
 
 
 def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):

@@ -228,6 +228,12 @@ async function preview(f, o) {
   }
   const started = performance.now();
   const response = await api("preview", json({ frame: f, object: o }));
+  if (response.status === 204) { // (its prompts there went meanwhile: an edit under way, another tab's)
+    S.previews.delete(key);
+    warn(key, null);
+    draw();
+    return;
+  }
   const bitmap = await createImageBitmap(await response.blob());
   S.previews.set(key, { mask: pixelValues(bitmap), score: Number(response.headers.get("X-Object-Score")) });
   S.previewMs = performance.now() - started;
