@@ -415,7 +415,9 @@ def build(
     emb = later.embedding_dtype or model.get("embedding_dtype") or "float32"
     from segpipe.model import precision_of
 
-    precision = precision_of(later.precision, store)  # (the device's default: see space.py)
+    # (asked, else the store's, else float32: the device is not known here; the disk guard
+    # puts the device's default in `later` where it changes the sizes, bfloat16 embeddings)
+    precision = precision_of(later.precision, store)
     prompts = _prompts_of(later, track)
     direction = later.direction or track.get("direction")
     object_start = later.object_start or (track.get("options") or {}).get("object_start")

@@ -161,8 +161,7 @@ def track(
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
-    named = of_prompts(prompts)  # (a prompts file's "objects", checked as it is read)
-    plan, spec, prompts, weights = _track_inputs(store, prompts, draft, checkpoint, quiet)
+    plan, spec, prompts, weights, named = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
     _check_predictor(predictor, resolved.options)
     settings = tracking_settings(prompts, resolved.direction, resolved.options, resolved.window)
@@ -211,28 +210,29 @@ def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: 
     return groups
 
 
-def _track_inputs(store: RunStore, prompts, draft: bool, checkpoint, quiet: bool):
-    """(chunk plan, model spec, prompts, weights) of a tracking of the store, checked (the
-    prompts given, else the studio's draft, said, else the last track's)."""
+def _track_inputs(store: RunStore, given, draft: bool, checkpoint, quiet: bool):
+    """(chunk plan, model spec, prompts, weights, the objects' names) of a tracking of the
+    store, checked in this order: the prompts given (with the names a prompts file carries),
+    else the studio's draft (said), else the last track's; the model; its weights."""
+    if given is None and draft and draft_prompts(store) is not None:
+        log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
     T = require_decoded(store)
     plan = ChunkPlan(T, store.chunk_size)
     spec = store.attrs.get("model")
     if spec is None:
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
-    if not family_of(spec["name"]).tracks_with_segpipe:
-        raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
-    if prompts is None and draft and draft_prompts(store) is not None:
-        log.info("track: the prompts segpipe studio saved (prompts.json in the store)", quiet)
     video = store.attrs["video"]
     prompts = (
         (next_prompts(store) if draft else stored_prompts(store))
-        if prompts is None
-        else prompt_file.load(prompts, T, video["width"], video["height"])
+        if given is None
+        else prompt_file.load(given, T, video["width"], video["height"])
     )
+    if not family_of(spec["name"]).tracks_with_segpipe:
+        raise BadInput(f"{spec['name']} is not tracked by segpipe's chunked tracker yet")
     weights, seed = embeddings_weights(store, spec, checkpoint)
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
-    return plan, spec, prompts, weights
+    return plan, spec, prompts, weights, of_prompts(given)
 
 
 def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
