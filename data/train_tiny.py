@@ -2,24 +2,24 @@
 """Train segpipe's demo model (`--model segpipe_tiny`) on synthetic clips, on the CPU or a GPU.
 
 SAM 2's own modules do the forward pass, as SAM 2's training does it: the image encoder over
-the clip's frames, then per frame `_track_step` (memory attention over the memories of earlier frames,
-the SAM heads) and `_encode_memory_in_output`; frame 0 is prompted with masks, boxes or
-clicks, the others are tracked. A step's clips (`--batch N`) go through together
-(`step_loss`): their frames are one batch of the image encoder, their objects one batch of
-each frame's `_track_step` (SAM 2 tracks each object alone, so a batch of objects from
-several clips is each clip's tracking; frame 0's go in one call per kind of prompt), and
-the loss is the mean of the clips' own (`tests/test_train.py` checks it, and its gradients,
-against each clip's step alone). The clips and every random draw of their step (prompts,
-picked frames) are drawn ahead by DataLoader worker processes (`--workers`; `draw`, `batches`),
-from clip k's own seed: whatever the count, clip k is clip k. Losses are SAM 2's: focal (x20) + dice on the best of the
-multimask outputs, L1 between the predicted and the real IoU of that mask, and binary
-cross-entropy on the object score; masks are only supervised where the object is visible.
-Departures from SAM 2's recipe, each measured on short runs: the focal loss weighs positives
-0.75 (`frame_losses`), memory attention starts out local (`look_where_it_was`; `--locality`
-loosens it, `--speed` makes the clips' motion faster), the learning
-rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, clicks sit at pixel centres (SAM 2's
-prompt encoder adds its own half pixel). The IoU head learns the chosen mask's IoU only
-unless `--all-iou` (SAM 2.1's config supervises all three).
+the clip's frames, then per frame `_track_step` (memory attention over the memories of
+earlier frames, the SAM heads) and `_encode_memory_in_output`; frame 0 is prompted with
+masks, boxes or clicks, the others are tracked. A step's clips (`--batch N`) go through
+together (`step_loss`): their frames are one batch of the image encoder, their objects one
+batch of each frame's `_track_step` (SAM 2 tracks each object alone, so a batch of objects
+from several clips is each clip's tracking; frame 0's go in one call per kind of prompt),
+and the loss is the mean of the clips' own (`tests/test_train.py` checks it, and its
+gradients, against each clip's step alone). The clips and every random draw of their step
+(prompts, picked frames) are drawn ahead by DataLoader worker processes (`--workers`;
+`draw`, `batches`), from clip k's own seed: whatever the count, clip k is clip k. Losses are
+SAM 2's: focal (x20) + dice on the best of the multimask outputs, L1 between the predicted
+and the real IoU of that mask, and binary cross-entropy on the object score; masks are only
+supervised where the object is visible. Departures from SAM 2's recipe, each measured on
+short runs: the focal loss weighs positives 0.75 (`frame_losses`), memory attention starts
+out local (`look_where_it_was`; `--locality` loosens it, `--speed` makes the clips' motion
+faster), the learning rate is 3e-4 (1e-3 and 3e-3 learned slower); and, unmeasured, clicks
+sit at pixel centres (SAM 2's prompt encoder adds its own half pixel). The IoU head learns
+the chosen mask's IoU only unless `--all-iou` (SAM 2.1's config supervises all three).
 
 `--prompt-frames N` adds SAM's image-level task (`prompt_losses`): on N frames of each clip
 every visible object is prompted alone by a box, a click, and a click with an outside one,
@@ -606,8 +606,8 @@ def main() -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        help="processes that draw the clips ahead of the steps (default: all cores but 2 on cuda, 0 on "
-        "cpu, where the threads take the cores); clip k is clip k whatever the count",
+        help="processes that draw the clips ahead of the steps (default: all cores but 2 on "
+        "cuda, 0 on cpu, where the threads take the cores); clip k is clip k whatever the count",
     )
     parser.add_argument(
         "--minutes",
