@@ -48,13 +48,7 @@ def measure(device: str, batch: int, size: int, steps: int, workers: int, frames
         drawn = next(clips)
         if step > 0:
             waited += time.perf_counter() - asked
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            loss, _ = train_tiny.step_loss(model, train_tiny.to(drawn, device))
-        if loss is not None:  # (every clip without an object seen: nothing to learn)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+        train_tiny.train_step(model, opt, train_tiny.to(drawn, device), autocast)
         sync()
         if step == 0:
             began = time.perf_counter()  # (after the warm-up)

@@ -322,6 +322,21 @@ def step_loss(model, drawn: list, losses: Losses = Losses()):
     ]
 
 
+def train_step(model, opt, drawn: list, autocast, losses: Losses = Losses()) -> list:
+    """One optimiser step on a step's clips (on the model's device): the mean of their losses
+    (`step_loss`, under `autocast`), backward, gradients clipped to norm 1, AdamW's step (none
+    where no clip had an object seen). Returns the clips' parts, for the log."""
+    opt.zero_grad(set_to_none=True)
+    with autocast:
+        loss, parts = step_loss(model, drawn, losses)
+    if loss is None:
+        return []
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return parts
+
+
 def objects_at(feats, pos, frame_of):
     """The features of each object's frame: `frame_of` (N,) indexes the encoded frames."""
     return [f[:, frame_of] for f in feats], [p[:, frame_of] for p in pos]
@@ -714,14 +729,7 @@ def main() -> None:
         prompt_frames=args.prompt_frames, prompt_only=args.prompt_only,
     )  # fmt: skip
     for step, drawn in zip(range(start, end), steps):
-        opt.zero_grad(set_to_none=True)
-        with autocast:
-            loss, seen = step_loss(model, to(drawn, args.device), losses)
-        if loss is not None:  # the mean over the batch's clips (one with no object seen: 0)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            recent.extend(seen)
+        recent.extend(train_step(model, opt, to(drawn, args.device), autocast, losses))
         sched.step()
         if args.minutes and step + 1 < end and time.monotonic() - sitting >= 60 * args.minutes:
             end, timed_out = step + 1, True  # this sitting ends here; the run goes on later

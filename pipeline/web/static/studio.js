@@ -220,20 +220,12 @@ async function addPrompt(change) {
 
 async function preview(f, o) {
   const key = `${f}:${o}`;
-  if (!S.entries.some((e) => e.frame === f && e.object === o)) {
-    S.previews.delete(key);
-    warn(key, null);
-    draw();
-    return;
-  }
+  const none = () => { S.previews.delete(key); warn(key, null); draw(); };
+  if (!S.entries.some((e) => e.frame === f && e.object === o)) return none();
   const started = performance.now();
   const response = await api("preview", json({ frame: f, object: o }));
-  if (response.status === 204) { // (its prompts there went meanwhile: an edit under way, another tab's)
-    S.previews.delete(key);
-    warn(key, null);
-    draw();
-    return;
-  }
+  // (204: its prompts there went meanwhile: an edit under way, another tab's)
+  if (response.status === 204) return none();
   const bitmap = await createImageBitmap(await response.blob());
   S.previews.set(key, { mask: pixelValues(bitmap), score: Number(response.headers.get("X-Object-Score")) });
   S.previewMs = performance.now() - started;
