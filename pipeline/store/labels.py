@@ -20,7 +20,8 @@ def save(
     """`labels` recorded over the store's (those of other ids kept but the ids in `remove`;
     `replace`: only `labels`), in one write; what the store then holds."""
     before = stored(store)
-    kept = {} if replace else {i: v for i, v in before.items() if i not in set(remove)}
+    gone = set(remove)
+    kept = {} if replace else {i: v for i, v in before.items() if i not in gone}
     merged = {**kept, **labels}
     if len(merged) > MAX_LABELS:
         raise BadInput(f"{len(merged):,} objects named: segpipe takes at most {MAX_LABELS:,}")
