@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch setuptools wheel
 	SAM2_BUILD_CUDA=0 $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
 		--no-build-isolation -e '.[test,dask]'
+	# the torchvision wheel sam2 pulls is built for CUDA torch: importing it fails beside the
+	# CPU torch, and transformers imports it wherever it is installed. segpipe uses none of it.
+	$(PY) -m pip uninstall -q -y torchvision
 	touch $@
 
 install: $(VENV)/.installed

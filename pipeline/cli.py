@@ -72,7 +72,7 @@ def decode_options(f):
         type=int,
         default=None,
         show_default=f"{DEFAULTS['image_size']}, or the store's",
-        help="Model input size S (frames are resized to S x S; a multiple of 32).",
+        help="Model input size S (frames are resized to S x S; a multiple of 32, or of 14 for sam3-tracker).",
     )(f)
     f = click.option(
         "--chunk-size",
@@ -645,7 +645,7 @@ def frame(source, at, out, grid, stream):
     type=int,
     default=None,
     show_default="1024",
-    help="Model input size S (a multiple of 32).",
+    help="Model input size S (a multiple of 32, or of 14 for sam3-tracker).",
 )
 @click.option(
     "--chunk-size",

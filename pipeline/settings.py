@@ -55,9 +55,10 @@ class Decoding:
         """Refuses sizes that cannot be (before anything is read or written)."""
         _positive("--chunk-size", self.chunk_size)
         _positive("--image-size", self.image_size)
-        if self.image_size is not None and self.image_size % 32:
+        if self.image_size is not None and self.image_size % 32 and self.image_size % 14:
             raise BadInput(
-                f"--image-size must be a multiple of 32 (SAM 2's stride), got {self.image_size}"
+                f"--image-size must be a multiple of 32 (SAM 2, EdgeTAM) or of 14 (SAM 3's "
+                f"tracker), got {self.image_size}"
             )
         return self
 

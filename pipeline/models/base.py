@@ -55,6 +55,9 @@ class ModelFamily:
     tracks_with_segpipe: bool = (
         True  # tracked chunk by chunk by stages/track (its memory re-injected)
     )
+    # tracked by driving the family's own inference session (stages/track/session.py),
+    # not SAM 2's predictor (stages/track/tracker.py)
+    session_tracker: bool = False
 
     def weights(self, model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
         """Where `model`'s weights come from (one of `checkpoint`, `random_seed`, or the
@@ -69,6 +72,11 @@ class ModelFamily:
     def build(self, model: str, image_size: int, weights: Weights, device: str, options: dict):
         """The model's video predictor at `image_size`, in eval mode on `device`, with the
         tracking `options` (`postprocessing`, `non_overlap`)."""
+        raise NotImplementedError
+
+    def preprocess(self, frames, device=None):
+        """uint8 frames (N, S, S, 3) at the model's size to its normalised float32 input
+        (N, 3, S, S) on `device`, as the family's own video predictor makes them."""
         raise NotImplementedError
 
     def encode(self, predictor, images) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from segpipe.errors import BadInput
 from segpipe.models.base import ModelFamily
+from segpipe.models.hf.family import EDGETAM, SAM3_TRACKER
 from segpipe.models.sam2.family import SAM2
 
 FAMILIES: dict[str, ModelFamily] = {}
@@ -33,3 +34,5 @@ def family_of(model: str) -> ModelFamily:
 
 
 register(SAM2)
+register(EDGETAM)
+register(SAM3_TRACKER)

@@ -28,6 +28,7 @@ from segpipe.labels import of_prompts
 from segpipe.model import (
     autocast,
     check_model,
+    family_of_predictor,
     for_workers,
     made_by_shipped_weights,
     model_spec,
@@ -175,7 +176,7 @@ def track(
         sweep(store)
         log.info("track: already complete", quiet)
         return store
-    groups = _groups(store, execution.groups, resolved.options, cluster, quiet)
+    groups = _groups(store, execution.groups, resolved.options, cluster, quiet, spec)
     if cluster is not None:
         work = cluster.work(
             store_path, for_workers(checkpoint, weights), device, encoding.batch_size
@@ -191,8 +192,11 @@ def track(
     return store
 
 
-def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: bool):
+def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: bool, spec):
     """The groups asked for, or one where they cannot be (said)."""
+    if (groups or 1) > 1 and family_of(spec["name"]).session_tracker:
+        log.info(f"track: {spec['name']} tracks its objects in one group (together)", quiet)
+        return 1
     if (groups or 1) > 1 and coupled(options):
         log.info(
             "track: the objects in one group (under --non-overlap or --object-batch they "
@@ -292,7 +296,10 @@ def _prepare_passes(
 
 def _say_tracked(store: RunStore, prompts: list, quiet: bool) -> None:
     """Say the tracking is done (and that hole filling was skipped, without sam2's _C)."""
-    if importlib.util.find_spec("sam2._C") is None:
+    if (
+        importlib.util.find_spec("sam2._C") is None
+        and not family_of(store.attrs["model"]["name"]).session_tracker
+    ):
         log.info(
             "note: sam2 has no _C extension here, so small-hole filling was skipped "
             "(as SAM 2's own predictor does)",
@@ -317,9 +324,6 @@ def run_passes(
     one after the other, each in `groups` groups of objects one after another (an int), or
     in the one group of object slots given (a Dask task's). Chunks without features are
     encoded as the passes reach them, with a bar of their own."""
-    # torch (the tracker) only once there is tracking to do: a refusal comes first, faster
-    from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
-
     settings = stored_settings(store)
     plan = store.plan
     span = Span.of(settings, plan.num_frames)
@@ -332,7 +336,6 @@ def run_passes(
     if not units:
         return
     on_commit = _once_the_pass_has_it(store, on_commit)
-    precision = store.attrs["model"]["precision"]
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with (
         log.progress("encode", frames, quiet or not missing) as bar,
@@ -340,27 +343,59 @@ def run_passes(
     ):
         supply.ensure(next(iter(todo.values()))[0])  # the features' shapes are known then,
         supply.written()  # and the level arrays made (their kinds: positional encodings)
-        vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
-        features = StoredFeatures(store, predictor.device, vision_pos, supply.held)
-        for (d, _), slots in units.items():
-            tracker = Tracker(
-                predictor,
-                store,
-                plan,
-                d,
-                prompts,
-                features,
-                maskmem_pos,
-                supply,
-                span,
-                settings["options"],
-                on_commit,
-                slots,
-            )
-            # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
-            with autocast(predictor.device.type, precision), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
-                tracker.run(shown_by(settings["direction"], d, span.start), quiet)
+        run = _run_sessions if family_of_predictor(predictor).session_tracker else _run_trackers
+        run(store, predictor, prompts, units, supply, span, settings, on_commit, quiet)
+
+
+def _run_trackers(store, predictor, prompts, units, supply, span, settings, on_commit, quiet):
+    """The passes of SAM 2 (`stages.track.tracker`), group after group."""
+    from segpipe.stages.track.tracker import StoredFeatures, Tracker, positional_encodings, shown_by
+
+    precision = store.attrs["model"]["precision"]
+    vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
+    features = StoredFeatures(store, predictor.device, vision_pos, supply.held)
+    for (d, _), slots in units.items():
+        tracker = Tracker(
+            predictor,
+            store,
+            store.plan,
+            d,
+            prompts,
+            features,
+            maskmem_pos,
+            supply,
+            span,
+            settings["options"],
+            on_commit,
+            slots,
+        )
+        # the precision the embeddings were made in: SAM 2's GPU usage is bfloat16 autocast
+        with autocast(predictor.device.type, precision), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*cannot import name '_C'")
+            tracker.run(shown_by(settings["direction"], d, span.start), quiet)
+
+
+def _run_sessions(store, predictor, prompts, units, supply, span, settings, on_commit, quiet):
+    """The passes of a family tracked in its own inference session (`stages.track.session`),
+    every object in one group."""
+    from segpipe.stages.track.session import SessionTracker
+    from segpipe.stages.track.tracker import StoredFeatures, shown_by
+
+    features = StoredFeatures(store, predictor.device, [], supply.held)
+    for d, _ in units:
+        tracker = SessionTracker(
+            predictor,
+            store,
+            store.plan,
+            d,
+            prompts,
+            features,
+            supply,
+            span,
+            settings["options"],
+            on_commit,
+        )
+        tracker.run(shown_by(settings["direction"], d, span.start), quiet)
 
 
 def _units(store: RunStore, plan: ChunkPlan, span: Span, pending, groups, options) -> dict:

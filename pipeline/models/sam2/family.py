@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+from segpipe.errors import BadInput
 from segpipe.models.base import ModelFamily, Sizes, Weights
-from segpipe.models.sam2 import build, catalog
+from segpipe.models.sam2 import build, catalog, frames
 
 # SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
 # frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15; segpipe_tiny has the same
@@ -25,6 +26,8 @@ class Sam2(ModelFamily):
         return catalog.made_by_shipped_weights(spec)
 
     def build(self, model, image_size, weights, device, options):
+        if image_size % 32:
+            raise BadInput(f"{model} takes image sizes that are multiples of 32 (its stride)")
         predictor = build.build(
             model,
             image_size,
@@ -35,6 +38,9 @@ class Sam2(ModelFamily):
         )
         predictor.segpipe_family = self  # (`segpipe.model.family_of_predictor`)
         return predictor
+
+    def preprocess(self, frames_, device=None):
+        return frames.preprocess(frames_, device)
 
     def encode(self, predictor, images) -> list:
         """The backbone's three levels, as `forward_image` gives them (levels 0 and 1

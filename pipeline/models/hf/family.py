@@ -1,0 +1,232 @@
+"""The trackers Hugging Face transformers hosts (EdgeTAM, SAM 3's tracker) as model families:
+transformers' own model, built from its config (seeded random weights) or loaded from a
+checkpoint folder (`--checkpoint hf:<repo>` or a local folder); its image encoder's three
+levels are the stored features, and `stages/track/session.py` drives transformers' own
+inference session over them chunk by chunk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from segpipe.errors import BadInput
+from segpipe.models.base import ModelFamily, Sizes, Weights
+from segpipe.models.hf import configs
+
+
+@dataclass
+class SessionPredictor:
+    """A transformers video model with what segpipe asks of a predictor: its device, input
+    size and family; `session_class` makes its inference sessions."""
+
+    model: object
+    image_size: int
+    device: object
+    segpipe_family: "HfVideo"
+
+    @property
+    def session_class(self):
+        return self.segpipe_family.session_class()
+
+
+class HfVideo(ModelFamily):
+    """A video tracker of transformers (its `propagate_in_video_iterator` API). Each subclass
+    names its classes, config, normalisation, checkpoint types and where to get weights."""
+
+    checkpoints_from_hub = True
+    session_tracker = True  # tracked by stages/track/session.py, in transformers' session
+    model_types: tuple[str, ...] = ()  # a checkpoint's config.json `model_type`s it loads
+    hub: str = ""  # where its official weights are
+    mean = std = (0.0, 0.0, 0.0)
+    multiple = 16  # the input size is a multiple of the image encoder's patch
+    masks_beside_others = True  # a mask prompt works with other objects in the session
+    smallest = 0  # the smallest input size its architecture takes
+
+    def model_class(self):
+        raise NotImplementedError
+
+    def session_class(self):
+        raise NotImplementedError
+
+    def processor_class(self):
+        """transformers' video processor class (its prompt handling alone is used)."""
+        raise NotImplementedError
+
+    def config(self, model: str, image_size: int):
+        raise NotImplementedError
+
+    def weights(self, model, checkpoint, random_seed) -> Weights:
+        if random_seed is not None:
+            return Weights(random_seed=random_seed)
+        if model.endswith("-mini"):
+            raise BadInput(f"{model} has no weights: it is for tests (--random-weights SEED)")
+        if checkpoint is None:
+            raise BadInput(
+                f"no weights for {model}: pass --checkpoint hf:{self.hub} (or a folder "
+                f"holding its config.json and model.safetensors; --random-weights SEED for "
+                f"tests only)"
+            )
+        folder = _hub_folder(checkpoint[3:]) if checkpoint.startswith("hf:") else Path(checkpoint)
+        return Weights(checkpoint=self._weights_file(folder))
+
+    def _weights_file(self, folder: Path) -> Path:
+        """The checkpoint folder's weights file, once its config says it is this family's."""
+        config = folder / "config.json"
+        if not config.is_file():
+            raise BadInput(f"{folder} is not a transformers checkpoint folder (no config.json)")
+        try:
+            kind = json.loads(config.read_text()).get("model_type")
+        except (ValueError, OSError):
+            raise BadInput(f"{config} is not readable JSON") from None
+        if kind not in self.model_types:
+            raise BadInput(
+                f"{folder} holds a {kind!r} checkpoint, not {self.name}'s "
+                f"({', '.join(self.model_types)})"
+            )
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise BadInput(f"{folder} has no .safetensors weights")
+        return files[0]
+
+    def build(self, model, image_size, weights, device, options) -> SessionPredictor:
+        import torch
+
+        if image_size % self.multiple or image_size < self.smallest:
+            raise BadInput(
+                f"{model} takes image sizes of at least {self.smallest} that are multiples "
+                f"of {self.multiple}"
+            )
+        cls = self.model_class()
+        if weights.checkpoint is not None:
+            net = cls.from_pretrained(str(Path(weights.checkpoint).parent))
+            if net.config.image_size != image_size:
+                raise BadInput(
+                    f"{model}'s checkpoint is made for --image-size {net.config.image_size}"
+                )
+        else:
+            torch.manual_seed(weights.random_seed)
+            net = cls(self.config(model, image_size))
+        net = net.to(device).eval()
+        return SessionPredictor(net, image_size, torch.device(device), self)
+
+    def preprocess(self, frames, device=None):
+        """uint8 (N, S, S, 3) -> float32 (N, 3, S, S) as transformers' processors normalise
+        (rescale and normalise fused: (x - 255 mean) / (255 std), in float32)."""
+        import torch
+
+        x = torch.from_numpy(frames).to(device or "cpu").permute(0, 3, 1, 2).to(torch.float32)
+        mean = torch.tensor(self.mean, device=x.device) * (1.0 / (1 / 255))
+        std = torch.tensor(self.std, device=x.device) * (1.0 / (1 / 255))
+        return ((x - mean[:, None, None]) / std[:, None, None]).contiguous()
+
+    def encode(self, predictor, images) -> list:
+        """The three levels `get_image_features` gives (levels 0 and 1 through the mask
+        decoder's conv_s0 / conv_s1), as (N, C, H, W) views of what it computed."""
+        out = predictor.model.get_image_features(images, return_dict=True)
+        levels = []
+        for feats, (h, w) in zip(out.fpn_hidden_states, self.feature_sizes(predictor)):
+            levels.append(feats.permute(1, 2, 0).unflatten(2, (h, w)))
+        return levels
+
+    def feature_sizes(self, predictor) -> list:
+        return [tuple(s) for s in predictor.model.config.vision_config.backbone_feature_sizes]
+
+    def tracking_options(self, predictor) -> dict:
+        return {"postprocessing": False, "non_overlap": False}
+
+    def sizes(self, model) -> Sizes:
+        # the memory's channels, the features', mask memories and pointers read; levels as
+        # (channels, stride) at the family's usual size
+        return Sizes(64, 256, 7, 16, ((32, 4), (64, 8), (256, 16)))
+
+
+class EdgeTam(HfVideo):
+    name = "edgetam"
+    models = ("edgetam", "edgetam-mini")
+    model_types = ("edgetam_video",)
+    hub = "facebook/EdgeTAM"
+    # transformers 5.23: EdgeTAM's mask-prompted output has a (1, 1) score where a tracked
+    # object's is (1, 1, 1): its forward cannot concatenate a frame holding both
+    masks_beside_others = False
+    smallest = 256  # its perceiver's 16 x 16 latents pool the features at stride 16
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    def model_class(self):
+        from transformers import EdgeTamVideoModel
+
+        return EdgeTamVideoModel
+
+    def session_class(self):
+        from transformers.models.edgetam_video.modeling_edgetam_video import (
+            EdgeTamVideoInferenceSession,
+        )
+
+        return EdgeTamVideoInferenceSession
+
+    def processor_class(self):
+        from transformers import Sam2VideoProcessor
+
+        return Sam2VideoProcessor
+
+    def config(self, model, image_size):
+        return configs.edgetam_config(image_size, model.endswith("-mini"))
+
+
+class Sam3Tracker(HfVideo):
+    name = "sam3-tracker"
+    models = ("sam3-tracker", "sam3-tracker-mini")
+    model_types = ("sam3_tracker_video", "sam3_video", "sam3")
+    hub = "facebook/sam3"
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    multiple = 14
+
+    def model_class(self):
+        from transformers import Sam3TrackerVideoModel
+
+        return Sam3TrackerVideoModel
+
+    def session_class(self):
+        from transformers.models.sam3_tracker_video.modeling_sam3_tracker_video import (
+            Sam3TrackerVideoInferenceSession,
+        )
+
+        return Sam3TrackerVideoInferenceSession
+
+    def processor_class(self):
+        from transformers import Sam3TrackerVideoProcessor
+
+        return Sam3TrackerVideoProcessor
+
+    def config(self, model, image_size):
+        return configs.sam3_tracker_config(image_size, model.endswith("-mini"))
+
+    def sizes(self, model) -> Sizes:
+        return Sizes(64, 256, 7, 16, ((32, 4), (64, 7), (256, 14)))
+
+
+def _hub_folder(repo_id: str) -> Path:
+    """A hub repository's snapshot folder (the cache first; a gated repository without a
+    login said in one line)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    try:
+        return Path(snapshot_download(repo_id))
+    except GatedRepoError:
+        raise BadInput(
+            f"hf:{repo_id} is gated: accept its licence on huggingface.co/{repo_id}, then "
+            f"log in here with `hf auth login` (or set HF_TOKEN)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - network, permissions: all one message
+        raise BadInput(
+            f"could not get hf:{repo_id} ({type(e).__name__}); download it and pass its "
+            f"folder as --checkpoint"
+        ) from None
+
+
+EDGETAM, SAM3_TRACKER = EdgeTam(), Sam3Tracker()

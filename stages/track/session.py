@@ -1,0 +1,449 @@
+"""A tracker hosted by Hugging Face transformers (EdgeTAM, SAM 3's tracker) driven one chunk at
+a time: transformers' own model steps its own inference session frame by frame, as its
+`propagate_in_video_iterator` does, but the session holds only the chunk's stored features
+and, per object, what later frames read (the prompted frames' outputs, and the mask
+memories and object pointers still in reach); that memory is saved at each chunk's end and
+put back at the next chunk's start, here or after a restart.
+
+The prompts go in as transformers' own usage adds them, one `add_inputs_to_inference_session`
+and one model call on the prompt's frame per prompt, in file order (that call also steps the
+objects already known on that frame, which a reverse pass later reads: kept as memory)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from segpipe import log
+from segpipe import prompts as prompt_file
+from segpipe.behind import Behind
+from segpipe.errors import BadInput
+from segpipe.plan import ChunkPlan, Span
+from segpipe.stages.track.groups import object_todo
+from segpipe.stages.track.supply import ChunkSupply
+from segpipe.stages.track.tracker import chunk_areas, chunk_scores, pack_bits
+from segpipe.store.layout import TRACK_ARRAYS
+from segpipe.store.masks import packed_size, write_packed
+from segpipe.store.runstore import RunStore
+
+# what a tracked frame's output holds that later frames read (pred_masks: a prompted
+# frame's, given back when the pass reaches it)
+READ = ("object_pointer", "object_score_logits", "maskmem_features", "maskmem_pos_enc")
+MEMORY = ("maskmem_features", "maskmem_pos_enc")
+PROMPTED = (*READ, "pred_masks")
+
+
+class VideoLength:
+    """Stands in for a session's frames: its length is the video's (transformers reads the
+    frame count from it), and no frame is held: the image encoder is never called."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, frame):
+        raise RuntimeError(f"frame {frame} has no stored features loaded")
+
+
+class StoredCache:
+    """Stands in for a session's vision-feature cache: each frame's levels from the stored
+    features (`StoredFeatures`, a chunk at a time), flattened as `get_image_features` gives
+    them, with the positional encodings computed once."""
+
+    def __init__(self, features, pos: list[torch.Tensor]):
+        self.features, self.pos = features, pos
+
+    def get_vision_features(self, frame_idx: int) -> dict:
+        i = frame_idx - self.features.lo
+        if not self.features.levels or not 0 <= i < len(self.features.levels[0]):
+            self.features.load(frame_idx, frame_idx + 1)
+            i = 0
+        feats = [lvl[i : i + 1].flatten(2).permute(2, 0, 1) for lvl in self.features.levels]
+        return {"vision_feats": feats, "vision_pos_embeds": list(self.pos)}
+
+    def cache_vision_features(self, frame_idx: int, features: dict) -> None:
+        raise RuntimeError("the session computed features: a stored frame was missing")
+
+    def clear_all(self) -> None:
+        pass
+
+
+def positional_encodings(predictor, store: RunStore) -> list[torch.Tensor]:
+    """The vision levels' positional encodings as `get_image_features` gives them for one
+    frame: the neck's sine encoding at each level's size, flattened (they depend on shapes
+    alone)."""
+    from segpipe.store.features import LEVELS
+
+    model = predictor.model
+    neck = model.vision_encoder.neck
+    width = model.config.vision_config.fpn_hidden_size
+    out = []
+    for name in LEVELS:
+        h, w = store.array(name).shape[2:]
+        shape = torch.Size((1, width, h, w))
+        pe = neck.position_encoding(shape, predictor.device, torch.float32).to(torch.float32)
+        out.append(pe.flatten(2).permute(2, 0, 1))
+    return out
+
+
+def processor_for(family, image_size: int):
+    """transformers' video processor for prompts alone (its coordinate and mask handling),
+    made without its image and video processors, which need torchvision."""
+    cls = family.processor_class()
+    processor = cls.__new__(cls)
+    processor.point_pad_value, processor.target_size = -10, image_size
+    return processor
+
+
+class SessionTracker:
+    """One pass (forward or reverse) of every object over the chunks, memory carried between
+    them. The objects go together: SAM 3's tracker encodes their memories as one batch."""
+
+    def __init__(
+        self,
+        predictor,
+        store: RunStore,
+        plan: ChunkPlan,
+        direction: str,
+        prompts: list,
+        features,
+        supply: ChunkSupply,
+        span: Span,
+        options: dict,
+        on_commit=None,
+    ):
+        if options["object_start"] == "own":
+            raise BadInput(f"{predictor.segpipe_family.name} tracks every object from the start")
+        family = predictor.segpipe_family
+        if not family.masks_beside_others and len(prompt_file.object_ids(prompts)) > 1:
+            if any(p.mask is not None for p in prompts):
+                raise BadInput(
+                    f"{family.name}: a mask prompt beside other objects fails in "
+                    f"transformers' own {family.name} (its score comes back in another "
+                    f"shape); prompt with points or a box, or track that object alone"
+                )
+        self.predictor, self.model, self.store, self.plan = predictor, predictor.model, store, plan
+        self.direction, self.reverse = direction, direction == "reverse"
+        self.prompts, self.ids = prompts, prompt_file.object_ids(prompts)
+        self.slots = list(range(len(self.ids)))
+        self.unit = (direction, 0)
+        video = store.attrs["video"]
+        self.height, self.width = video["height"], video["width"]
+        self.span, self.start = span, span.first(direction)
+        self.threshold = float(options["score_threshold"])
+        self.features, self.supply, self.on_commit = features, supply, on_commit
+        self.cache = StoredCache(features, positional_encodings(predictor, store))
+        config = self.model.config
+        T = plan.num_frames
+        self.pointers = max(min(T, config.max_object_pointers_in_encoder) - 1, 1)
+        self.memories = max(config.num_maskmem - 1, 1)
+        self.memstore = SessionMemory(
+            store, direction, len(self.ids), plan.num_chunks, self.pointers
+        )
+
+    def chunks(self) -> list[int]:
+        return self.span.chunks(self.plan, self.direction)
+
+    def run(self, owned, quiet: bool) -> None:
+        """Track every chunk of the pass not yet done, as `Tracker.run` does."""
+        chunks = self.chunks()
+        todo = object_todo(self.store, self.direction, self.slots, chunks)
+        previous = dict(zip(chunks[1:], chunks))
+        self.after = dict(zip(todo, todo[1:]))
+        total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
+        session = after = None
+        with (
+            log.progress(f"track {self.direction}", total, quiet) as bar,
+            Behind("segpipe-track-writes") as self.writer,
+        ):
+            for k in todo:
+                self.supply.ensure(k)
+                before = previous.get(k)
+                if session is None or after != before:
+                    self.writer.wait()  # a restore reads the snapshot written behind
+                    session = self.restore(before)
+                self.track_chunk(k, session, owned, bar)
+                after = k
+        self.supply.finished(self.unit)
+
+    def new_session(self):
+        session = self.predictor.session_class(
+            video=None,
+            video_height=self.height,
+            video_width=self.width,
+            inference_device=self.predictor.device,
+            inference_state_device=self.predictor.device,
+            video_storage_device=self.predictor.device,
+            dtype=torch.float32,
+        )
+        session.processed_frames = VideoLength(self.plan.num_frames)
+        session.cache = self.cache
+        return session
+
+    def restore(self, before: int | None):
+        """A session holding the memory as it was after chunk `before` (None: the pass's
+        start, where the prompts are added)."""
+        session = self.new_session()
+        if before is None:
+            for k in self.supply.prompts_of(self.unit):
+                self.supply.ensure(k)
+            self.add_prompts(session)
+            self.supply.prompted(self.unit)
+            self.memstore.write_prompted(session)
+            self.prune(session, self.start)
+            return session
+        for i in self.ids:  # the objects in the session's order
+            session.obj_id_to_idx(i)
+        self.memstore.read(session, before, self.predictor.device)
+        return session
+
+    @torch.inference_mode()
+    def add_prompts(self, session) -> None:
+        processor = processor_for(self.predictor.segpipe_family, self.predictor.image_size)
+        for p in self.prompts:
+            add_prompt(processor, session, p)
+            self.model(inference_session=session, frame_idx=p.frame)
+        assert not session.obj_with_new_inputs, "a prompt was not taken"
+
+    def prune(self, session, next_frame: int) -> None:
+        """Drop from every object's tracked outputs what no frame from `next_frame` on reads
+        (transformers keeps them all): mask memories of the last `num_maskmem - 1` frames,
+        object pointers of the last `max_object_pointers_in_encoder - 1`, nothing else."""
+        for outputs in session.output_dict_per_obj.values():
+            tracked = outputs["non_cond_frame_outputs"]
+            for t in list(tracked):
+                back = (t - next_frame) if self.reverse else (next_frame - t)
+                if not 1 <= back <= self.pointers:
+                    del tracked[t]
+                    continue
+                keep = READ if back <= self.memories else ("object_pointer", "object_score_logits")
+                tracked[t] = {k: v for k, v in tracked[t].items() if k in keep}
+
+    @torch.inference_mode()
+    def track_chunk(self, k: int, session, owned, bar) -> None:
+        lo, hi = self.plan.bounds(k)
+        frames = self.span.frames_in(self.direction, lo, hi)
+        self.load_features(k, lo, hi)
+        O = len(self.ids)
+        assert session.obj_ids == self.ids, "the session's objects are not in slot order"
+        cuda = self.predictor.device.type == "cuda"
+        host_masks = torch.zeros(
+            (hi - lo, O, packed_size(self.height, self.width)), dtype=torch.uint8, pin_memory=cuda
+        )
+        frame_scores, frame_areas = {}, {}
+        mine = np.zeros(hi - lo, bool)
+        for f in frames:
+            self.writer.failed()
+            out = self.model(inference_session=session, frame_idx=f, reverse=self.reverse)
+            # to the video's size as transformers' post_process_masks does, every object at once
+            logits = F.interpolate(
+                out.pred_masks, (self.height, self.width), mode="bilinear", align_corners=False
+            )
+            above = logits[:, 0] > self.threshold
+            host_masks[f - lo].copy_(pack_bits(above), non_blocking=cuda)
+            frame_scores[f] = out.object_score_logits.float().reshape(O)
+            frame_areas[f] = above.sum((1, 2))
+            mine[f - lo] = owned(f)
+            self.prune(session, f + (-1 if self.reverse else 1))
+            bar.update(1)
+        scores = chunk_scores(frame_scores, frames, lo, hi, O)
+        areas = chunk_areas(frame_areas, frames, lo, hi, O)
+        if cuda:
+            torch.cuda.current_stream(self.predictor.device).synchronize()
+        snapshot = self.memstore.snapshot(session, self.ids)
+        self.supply.tracked(self.unit, k)
+        self.writer.submit(
+            self.write, k, lo, host_masks.numpy(), scores, areas, mine, snapshot,
+            then=lambda: self.supply.committed(k),
+        )  # fmt: skip
+
+    def load_features(self, k: int, lo: int, hi: int) -> None:
+        self.features.load(lo, hi)
+        if k not in self.after:
+            return
+        if self.supply.has(self.after[k]):
+            self.features.read_ahead(*self.plan.bounds(self.after[k]))
+        else:
+            self.supply.ahead(self.after[k])
+
+    def write(self, k, lo, packed, scores, areas, mine, snapshot) -> None:
+        """Write the chunk's masks, scores, areas and memory snapshot, then commit it."""
+        idx = np.nonzero(mine)[0]
+        if len(idx):
+            a, b = lo + idx[0], lo + idx[-1] + 1
+            write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1], 0)
+            self.store.array("object_areas")[a:b] = areas[idx[0] : idx[-1] + 1]
+            self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
+            self.store.array("tracked")[a:b] = True
+        written = self.memstore.write_snapshot(k, snapshot)
+        self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
+        if self.on_commit is not None:
+            self.on_commit(self.direction, k)
+
+
+def add_prompt(processor, session, p) -> None:
+    """One segpipe prompt through transformers' `add_inputs_to_inference_session`."""
+    if p.mask is not None:
+        processor.add_inputs_to_inference_session(
+            session, p.frame, p.object_id, input_masks=np.asarray(p.mask, bool)
+        )
+        return
+    processor.add_inputs_to_inference_session(
+        session,
+        p.frame,
+        p.object_id,
+        input_points=None if p.points is None else [[[list(map(float, q)) for q in p.points]]],
+        input_labels=None if p.labels is None else [[list(map(int, p.labels))]],
+        input_boxes=None if p.box is None else [[list(map(float, p.box))]],
+    )
+
+
+# -- zarr form -----------------------------------------------------------------------------
+# Under memory/<direction>/session/: prompted_frame (O, K) and prompted_<key> (O, K, bytes);
+# per chunk boundary recent_frame (chunks, O, W), recent_memory (chunks, O, W: whether the
+# mask memory is kept) and recent_<key> (chunks, O, W, bytes). Tensors are stored as their
+# raw bytes, their shape and dtype in the array's attributes: bit for bit, whatever the
+# family's shapes.
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+
+
+def _tensor(a: np.ndarray, attrs: dict, device) -> torch.Tensor:
+    flat = torch.from_numpy(np.ascontiguousarray(a)).view(getattr(torch, attrs["dtype"]))
+    return flat.reshape(attrs["shape"]).to(device)
+
+
+class SessionMemory:
+    """Reads and writes a pass's session memory under `memory/<direction>/session/`."""
+
+    def __init__(self, store: RunStore, direction: str, objects: int, num_chunks: int, width: int):
+        self.store, self.objects, self.num_chunks, self.width = store, objects, num_chunks, width
+        self.root = f"memory/{direction}/session"
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def write_prompted(self, session) -> None:
+        conds = [session.output_dict_per_obj[o]["cond_frame_outputs"] for o in range(self.objects)]
+        K = max(len(c) for c in conds)
+        frame = np.full((self.objects, K), -1, np.int32)
+        datas = {}
+        for o, cond in enumerate(conds):
+            for j, (t, out) in enumerate(sorted(cond.items())):
+                frame[o, j] = t
+                for key in PROMPTED:
+                    b = _bytes(out[key])
+                    if key not in datas:
+                        datas[key] = (np.zeros((self.objects, K, b.size), np.uint8), out[key])
+                    datas[key][0][o, j] = b
+        self._create("prompted_frame", frame)
+        for key, (data, like) in datas.items():
+            self._create(f"prompted_{key}", data, _kind(like))
+
+    def _create(self, name: str, data: np.ndarray, attrs: dict | None = None) -> None:
+        path = self.path(name)
+        arr = self.store.create_array(
+            path, data.shape, data.shape, data.dtype, overwrite=True, attributes=attrs
+        )
+        arr[...] = data
+        self.store.commit_array(path)
+
+    def snapshot(self, session, ids: list[int]) -> dict:
+        """Every object's tracked outputs in reach, on the host (taken on the tracking
+        thread: the session moves on)."""
+        out = {}
+        for o in range(self.objects):
+            tracked = session.output_dict_per_obj[o]["non_cond_frame_outputs"]
+            out[session.obj_idx_to_id(o)] = {
+                t: {k: (_bytes(v), _kind(v)) for k, v in entry.items()}
+                for t, entry in sorted(tracked.items())
+            }
+        return {"objects": [out[i] for i in ids]}
+
+    def write_snapshot(self, chunk: int, snapshot: dict) -> list[str]:
+        """Write the snapshot after `chunk`; returns the arrays to commit."""
+        objects, W = snapshot["objects"], self.width
+        frame = np.full((1, self.objects, W), -1, np.int32)
+        memory = np.zeros((1, self.objects, W), bool)
+        datas, kinds = {}, {}
+        for o, tracked in enumerate(objects):
+            assert len(tracked) <= W, "memory in reach wider than its slots"
+            for j, (t, entry) in enumerate(tracked.items()):
+                frame[0, o, j], memory[0, o, j] = t, MEMORY[0] in entry
+                for key, (b, kind) in entry.items():
+                    if key not in datas:
+                        datas[key] = np.zeros((1, self.objects, W, b.size), np.uint8)
+                        kinds[key] = kind
+                    datas[key][0, o, j] = b
+        written = [
+            self._put("recent_frame", chunk, frame),
+            self._put("recent_memory", chunk, memory),
+        ]
+        for key in READ:
+            arr = self.store.array(self.path(f"recent_{key}"))
+            if key not in datas and arr is not None:  # none in reach: the row still written
+                datas[key] = np.zeros((1, *arr.shape[1:]), np.uint8)
+            if key in datas:
+                written.append(self._put(f"recent_{key}", chunk, datas[key], kinds.get(key)))
+        return written
+
+    def _put(self, name: str, chunk: int, data: np.ndarray, attrs: dict | None = None) -> str:
+        """Chunk `chunk`'s row of array `name` (made at its first write)."""
+        path = self.path(name)
+        arr = self.store.array(path)
+        if arr is None:
+            arr = self.store.create_array(
+                path,
+                (self.num_chunks, *data.shape[1:]),
+                (1, *data.shape[1:]),
+                data.dtype,
+                fill_value=-1 if data.dtype == np.int32 else 0,
+                attributes=attrs,
+            )
+        arr[chunk : chunk + 1] = data
+        return path
+
+    def read(self, session, chunk: int, device) -> None:
+        """Fill the session's per-object outputs from the prompted outputs and the snapshot
+        after `chunk`."""
+        frames = self.store.read(self.path("prompted_frame"))
+        prompted = {k: self._array(f"prompted_{k}") for k in PROMPTED}
+        recent_frame = self.store.read(self.path("recent_frame"), chunk, chunk + 1)[0]
+        recent_memory = self.store.read(self.path("recent_memory"), chunk, chunk + 1)[0]
+        recent = {
+            k: self._array(f"recent_{k}", chunk)
+            for k in READ
+            if self.store.array(self.path(f"recent_{k}"))
+        }
+        for o in range(self.objects):
+            outputs = session.output_dict_per_obj[o]
+            for j, t in enumerate(frames[o]):
+                if t >= 0:
+                    outputs["cond_frame_outputs"][int(t)] = {
+                        k: _tensor(data[o, j], attrs, device)
+                        for k, (data, attrs) in prompted.items()
+                    }
+            for j, t in enumerate(recent_frame[o]):
+                if t < 0:
+                    continue
+                keys = READ if recent_memory[o, j] else ("object_pointer", "object_score_logits")
+                outputs["non_cond_frame_outputs"][int(t)] = {
+                    k: _tensor(recent[k][0][o, j], recent[k][1], device) for k in keys
+                }
+
+    def _array(self, name: str, chunk: int | None = None):
+        path = self.path(name)
+        attrs = dict(self.store.array(path).attrs)
+        data = (
+            self.store.read(path) if chunk is None else self.store.read(path, chunk, chunk + 1)[0]
+        )
+        return data, attrs
+
+
+def _kind(t: torch.Tensor) -> dict:
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}

@@ -1,0 +1,117 @@
+"""The oracle for the families Hugging Face transformers hosts: transformers' own model and
+inference session over the whole video in memory, its prompts added as transformers' usage
+adds them (one `add_inputs_to_inference_session` and one model call on the prompt's frame per
+prompt, in file order), then its own `propagate_in_video_iterator` from the earliest prompt,
+forward or reverse, each direction in a fresh session.
+
+The frames are the store's decoded model input, normalised as transformers' processors do
+(rescale and normalise fused); the masks go to the video's size as its `post_process_masks`
+does (bilinear, then > 0). Both are written out here, apart from segpipe's code (the
+processors themselves need torchvision, which this environment does not hold)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import zarr
+from oracle import Oracle
+
+from segpipe import prompts as prompt_file
+
+# (model class, session class, processor class, mean, std) per family, from transformers
+CLASSES = {
+    "edgetam": (
+        "transformers.EdgeTamVideoModel",
+        "transformers.models.edgetam_video.modeling_edgetam_video.EdgeTamVideoInferenceSession",
+        "transformers.Sam2VideoProcessor",
+        (0.485, 0.456, 0.406),
+        (0.229, 0.224, 0.225),
+    ),
+    "sam3-tracker": (
+        "transformers.Sam3TrackerVideoModel",
+        "transformers.models.sam3_tracker_video.modeling_sam3_tracker_video.Sam3TrackerVideoInferenceSession",
+        "transformers.Sam3TrackerVideoProcessor",
+        (0.5, 0.5, 0.5),
+        (0.5, 0.5, 0.5),
+    ),
+}
+
+
+def _load(dotted: str):
+    import importlib
+
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def hf_model(family: str, config, seed: int):
+    """transformers' model built from `config` with `torch.manual_seed(seed)` first."""
+    torch.manual_seed(seed)
+    return _load(CLASSES[family][0])(config).eval()
+
+
+def pixel_values(frames: np.ndarray, family: str) -> torch.Tensor:
+    """(T, S, S, 3) uint8 -> (T, 3, S, S) float32 as transformers' processors normalise:
+    `normalize(x, mean / rescale_factor, std / rescale_factor)` with rescale_factor 1/255."""
+    _, _, _, mean, std = CLASSES[family]
+    mean = torch.tensor(mean) * (1.0 / (1 / 255))
+    std = torch.tensor(std) * (1.0 / (1 / 255))
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).to(torch.float32)
+    return (x - mean[:, None, None]) / std[:, None, None]
+
+
+def processor(family: str, image_size: int):
+    cls = _load(CLASSES[family][2])
+    p = cls.__new__(cls)  # its prompt handling alone (the image processors need torchvision)
+    p.point_pad_value, p.target_size = -10, image_size
+    return p
+
+
+def add(proc, session, p) -> None:
+    if p.mask is not None:
+        proc.add_inputs_to_inference_session(
+            session, p.frame, p.object_id, input_masks=np.asarray(p.mask, bool)
+        )
+    else:
+        proc.add_inputs_to_inference_session(
+            session,
+            p.frame,
+            p.object_id,
+            input_points=None if p.points is None else [[[list(q) for q in p.points]]],
+            input_labels=None if p.labels is None else [[list(p.labels)]],
+            input_boxes=None if p.box is None else [[list(p.box)]],
+        )
+
+
+@torch.inference_mode()
+def hf_oracle(store_path, prompts_path, family: str, model) -> Oracle:
+    group = zarr.open_group(str(store_path), mode="r")
+    attrs = group.attrs
+    frames = group["frames"][...]
+    T, H, W = attrs["frame_count"], attrs["video"]["height"], attrs["video"]["width"]
+    S = attrs["decoding"]["image_size"]
+    prompts = prompt_file.load(prompts_path, T, W, H)
+    ids = prompt_file.object_ids(prompts)
+    video = pixel_values(frames, family)
+    masks, scores = {}, {}
+    for direction in ("forward", "reverse"):
+        session = _load(CLASSES[family][1])(
+            video=video, video_height=H, video_width=W, dtype=torch.float32
+        )
+        proc = processor(family, S)
+        for p in prompts:
+            add(proc, session, p)
+            model(inference_session=session, frame_idx=p.frame)
+        m = np.zeros((T, len(ids), H, W), bool)
+        s = np.full((T, len(ids)), np.nan, np.float32)
+        for out in model.propagate_in_video_iterator(session, reverse=direction == "reverse"):
+            assert list(out.object_ids) == ids
+            video_res = F.interpolate(out.pred_masks, (H, W), mode="bilinear", align_corners=False)
+            m[out.frame_idx] = (video_res[:, 0] > 0.0).numpy()
+            s[out.frame_idx] = out.object_score_logits.float().reshape(len(ids)).numpy()
+        masks[direction], scores[direction] = m, s
+    start = min(p.frame for p in prompts)
+    for result in (masks, scores):
+        result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
+    return Oracle(masks, scores)
