@@ -115,7 +115,11 @@ def feature_bytes_per_frame(size: int, embedding_dtype: str, precision: str) -> 
     from segpipe.estimate import level_itemsizes, model_sizes
 
     sizes = level_itemsizes(embedding_dtype, precision)
-    return sum(n * ch * (size // st) ** 2 for n, (ch, st) in zip(sizes, model_sizes(None).levels))
+    model = model_sizes(None)
+    return sum(
+        n * ch * model.side(size, i) ** 2
+        for i, (n, (ch, _, _)) in enumerate(zip(sizes, model.levels))
+    )
 
 
 def results(store: Path) -> dict:

@@ -183,17 +183,18 @@ def features_part(
     precision: str,
     stored: list | None = None,
     basis: str | None = None,
-    levels: tuple | None = None,
+    levels=None,
 ) -> Part:
     """Exact: uncompressed, full-size chunks. `stored`: (itemsize, per-frame values) of the
     store's own level arrays, when they exist; else `levels` ((channels, stride) of each,
-    the model's: `model_sizes`; None: the default model's)."""
+    the model's `Sizes`: `model_sizes`; None: the default model's)."""
     chunks = ChunkPlan(T, C).num_chunks
     if stored is None:
         sizes = level_itemsizes(embedding_dtype, precision)
+        model = levels or model_sizes(None)
         stored = [
-            (size, ch * (S // st) ** 2)
-            for size, (ch, st) in zip(sizes, levels or model_sizes(None).levels)
+            (size, ch * model.side(S, i) ** 2)
+            for i, (size, (ch, _, _)) in enumerate(zip(sizes, model.levels))
         ]
     total = sum(chunks * (C * n * size + 4) + ARRAY_META for size, n in stored)
     per_frame = sum(n * size for size, n in stored)
@@ -270,8 +271,9 @@ def memory_snapshots(
     snapshot in the pass's order (1..)."""
     plan = ChunkPlan(T, C)
     sizes = model_sizes(model)
-    mem_dim, hidden_dim = sizes.mem_dim, sizes.hidden_dim
-    slot = mem_dim * (S // 16) ** 2 * 2
+    hidden_dim = sizes.hidden_dim
+    # a snapshot's mask memory: SAM 2's bfloat16, or float32 bytes (a transformers session's)
+    slot = sizes.memory_slot(S) * (RHO_MASKMEM if sizes.memory_bytes == 2 else RHO_FLOAT32)
     rho = RHO_FLOAT32_FROM_BF16 if precision == "bfloat16" else RHO_FLOAT32
     M, P = sizes.num_maskmem - 1, max(min(T, sizes.max_obj_ptrs) - 1, 1)
     ids = list(dict.fromkeys(p.object_id for p in prompts))
@@ -280,7 +282,7 @@ def memory_snapshots(
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     # per object (its own arrays: `memory/<dir>/<slot>/`)
     prompted = sum(
-        len(c) * (4 + slot * RHO_MASKMEM + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
+        len(c) * (4 + slot + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
         for c in cond.values()
     ) + O * (5 * (CHUNK_OVERHEAD + ARRAY_META) + GROUP_META)
     small = O * ((2 * P + M) * 4 + 5 * CHUNK_OVERHEAD)  # frame indices, scores, headers
@@ -302,7 +304,7 @@ def memory_snapshots(
                 seen[i] += tracked - prompted_here
                 mem += min(M, seen[i])
                 ptr += min(P, seen[i])
-            sizes.append(mem * slot * RHO_MASKMEM + ptr * hidden_dim * 4 * rho + small)
+            sizes.append(mem * slot + ptr * hidden_dim * 4 * rho + small)
             if all(v >= max(M, P) for v in seen.values()):  # full from here on
                 sizes += [sizes[-1]] * (len(chunks) - n - 1)
                 break
@@ -417,7 +419,7 @@ def build(
 
     # (asked, else the store's, else float32: the device is not known here; the disk guard
     # puts the device's default in `later` where it changes the sizes, bfloat16 embeddings)
-    precision = precision_of(later.precision, store)
+    precision = precision_of(later.precision, store, model=getattr(later, "model", None))
     prompts = _prompts_of(later, track)
     direction = later.direction or track.get("direction")
     object_start = later.object_start or (track.get("options") or {}).get("object_start")
@@ -480,7 +482,7 @@ def _features_estimate(
         if all(a is not None for a in arrays):
             stored = [(a.dtype.itemsize, math.prod(a.shape[1:])) for a in arrays]
     default = "" if (later.embedding_dtype or model) else " (encode's default)"
-    part = features_part(T, C, S, emb, precision, stored, levels=model_sizes(name).levels)
+    part = features_part(T, C, S, emb, precision, stored, levels=model_sizes(name))
     part.basis += default
     return part
 

@@ -181,13 +181,21 @@ def pick_precision(precision: str | None, device: str) -> str:
     return precision
 
 
-def precision_of(asked: str | None, store=None, device_type: str = "cpu") -> str:
+def precision_of(
+    asked: str | None, store=None, device_type: str = "cpu", model: str | None = None
+) -> str:
     """The precision work computes in, resolved one way everywhere (encode, the studio's
     preview, the disk guard, the estimate): the one asked for, else the store's (its
     embeddings were made in it), else the default of the device the model runs on
-    (`pick_precision`); validated."""
-    stored = (store.attrs.get("model") or {}).get("precision") if store is not None else None
-    return pick_precision(asked or stored, device_type)
+    (`pick_precision`); validated. `model` (else the store's): a family tracked in its own
+    session computes in float32 (transformers' sessions in bfloat16 are not tracked yet)."""
+    record = (store.attrs.get("model") or {}) if store is not None else {}
+    name = model or record.get("name")
+    if name is not None and family_of(name).session_tracker:  # float32 alone, for now
+        if (asked or "float32") != "float32":
+            raise BadInput(f"{name} is tracked in float32 only so far: drop --precision")
+        return "float32"
+    return pick_precision(asked or record.get("precision"), device_type)
 
 
 def autocast(device_type: str, precision: str):

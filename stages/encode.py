@@ -83,7 +83,7 @@ def encode(
         e.embedding_dtype,
     )
     weights = resolve_weights(model, checkpoint, e.random_weights)
-    precision = precision_of(e.precision, store, _device_type(device, predictor, cluster))
+    precision = precision_of(e.precision, store, _device_type(device, predictor, cluster), model)
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     plan = ChunkPlan(T, store.chunk_size)
     work = environment.of_work(device, predictor, cluster)

@@ -115,3 +115,22 @@ def hf_oracle(store_path, prompts_path, family: str, model) -> Oracle:
     for result in (masks, scores):
         result["both"] = np.concatenate([result["reverse"][:start], result["forward"][start:]])
     return Oracle(masks, scores)
+
+
+@torch.inference_mode()
+def hf_prompted(store_path, prompts: list, family: str, model) -> tuple[np.ndarray, float]:
+    """One object's mask (H, W) and score logit on one frame right after its prompts there
+    are added to a session over the whole video (each prompt, then the model on the frame)."""
+    group = zarr.open_group(str(store_path), mode="r")
+    attrs = group.attrs
+    H, W = attrs["video"]["height"], attrs["video"]["width"]
+    video = pixel_values(group["frames"][...], family)
+    session = _load(CLASSES[family][1])(
+        video=video, video_height=H, video_width=W, dtype=torch.float32
+    )
+    proc = processor(family, attrs["decoding"]["image_size"])
+    for p in prompts:
+        add(proc, session, p)
+        out = model(inference_session=session, frame_idx=p.frame)
+    video_res = F.interpolate(out.pred_masks, (H, W), mode="bilinear", align_corners=False)
+    return (video_res[0, 0] > 0.0).numpy(), float(out.object_score_logits.reshape(-1)[0])

@@ -6,12 +6,14 @@ architectures with seeded random weights (`-mini` models)."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_code, segpipe
-from hf_oracle import hf_model, hf_oracle
+from conftest import assert_user_error, run_code, segpipe, tree_digest
+from hf_oracle import hf_model, hf_oracle, hf_prompted
 from oracle import assert_tracked_as_sam2
 
 from segpipe.models.hf.configs import edgetam_config, sam3_tracker_config
@@ -57,7 +59,7 @@ def oracles(small, tmp_path_factory):
     for family, (model, size, config) in FAMILIES.items():
         store = folder / f"{family}.zarr"
         segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", size, check=True)
-        net = hf_model(family, config(size, mini=True), seed=0)
+        net = out[family] = hf_model(family, config(size, mini=True), seed=0)
         for which in ("all", "mask"):
             prompts = prompts_of(small, folder, family, which)
             out[family, which] = (prompts, hf_oracle(store, prompts, family, net))
@@ -127,3 +129,97 @@ def test_a_store_of_one_family_refuses_another(small, tmp_path):
     )
     proc = segpipe("encode", "--store", store, "--model", "sam2.1_hiera_t", "--random-weights", 0)
     assert_user_error(proc, "model name")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_studios_preview_is_the_sessions_output_on_the_prompt(small, oracles, tmp_path, family):
+    """The studio's preview of each prompt (points, box, mask): from the frame encoded now
+    (a store decoded only), then from the stored features, both transformers' output
+    right after the prompt is added."""
+    from segpipe.prompts import load
+    from segpipe.settings import Encoding
+    from segpipe.web.preview import Previewer
+
+    model, size, _ = FAMILIES[family]
+    store = tmp_path / "s.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", size, check=True)
+    prompts = [p for which in ("all", "mask") for p in load(oracles[family, which][0], 24, 96, 72)]
+    seen = []
+    for encoded in (False, True):
+        if encoded:
+            segpipe("encode", "--store", store, "--model", model, "--random-weights", 0, check=True)
+        previewer = Previewer(store, Encoding(model=model, random_weights=0), "cpu")
+        for p in prompts:
+            mask, score = previewer.mask([p])
+            want_mask, want_score = hf_prompted(store, [p], family, oracles[family])
+            assert (mask == want_mask).all(), (family, encoded, p.object_id)
+            assert score == want_score, (family, encoded, p.object_id)
+            seen.append(mask.any())
+    assert any(seen)
+
+
+def test_two_dask_workers_track_as_the_session(small, oracles, tmp_path):
+    """`--workers 2`: the encode on both workers, the passes each in one task (SAM 3's
+    tracker encodes its objects' memories as one batch: one group)."""
+    prompts, oracle = oracles["sam3-tracker", "all"]
+    store = tmp_path / "s.zarr"
+    segpipe(*run_args(small, store, prompts, "sam3-tracker", 4, "--workers", 2), check=True)
+    assert_tracked_as_sam2(store, oracle, "both")
+
+
+def test_a_checkpoint_of_another_family_is_refused(small, tmp_path):
+    """A transformers folder whose config is another model's, and a SAM 2 .pt file: one
+    line each, the store as it was."""
+    store = tmp_path / "s.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 256, check=True)
+    before = tree_digest(store)
+    other = tmp_path / "sam2-hf"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "sam2_video"}))
+    (other / "model.safetensors").write_bytes(b"")
+    proc = segpipe("encode", "--store", store, "--model", "edgetam", "--checkpoint", other)
+    assert_user_error(proc, "sam2_video", "not edgetam's")
+    pt = tmp_path / "sam2.pt"
+    pt.write_bytes(b"PK")
+    proc = segpipe("encode", "--store", store, "--model", "edgetam", "--checkpoint", pt)
+    assert_user_error(proc, "not a transformers checkpoint folder")
+    assert tree_digest(store) == before
+
+
+class GatedHub(http.server.BaseHTTPRequestHandler):
+    """A hub that answers every request as huggingface.co does a gated repository to a
+    client without a login."""
+
+    def do_GET(self):
+        self.send_response(401)
+        self.send_header("X-Error-Code", "GatedRepo")
+        self.send_header("X-Error-Message", "Access to model facebook/sam3 is restricted.")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_gated_repository_without_a_login_says_how_to_log_in(small, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GatedHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = tmp_path / "s.zarr"
+        segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 112, check=True)
+        before = tree_digest(store)
+        env = {
+            "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_TOKEN": "",
+        }
+        proc = segpipe(
+            "encode", "--store", store, "--model", "sam3-tracker", "--checkpoint",
+            "hf:facebook/sam3", env=env,
+        )  # fmt: skip
+        assert_user_error(proc, "hf:facebook/sam3 is gated", "log in")
+        assert tree_digest(store) == before
+    finally:
+        server.shutdown()

@@ -34,7 +34,7 @@ def test_a_family_registered_here_is_offered_and_asked(small):
     assert "small-1" in registry.models() and registry.family_of("small-1") is small
     assert model.resolve_weights("small-1", None, 3) == Weights(random_seed=3)
     assert model_sizes("small-1").mem_dim == 16
-    assert model_sizes("sam2.1_hiera_t").levels == ((32, 4), (64, 8), (256, 16))
+    assert model_sizes("sam2.1_hiera_t").levels == ((32, 16, 4), (64, 16, 2), (256, 16, 1))
     with pytest.raises(ValueError, match="registered already"):
         registry.register(Small())
 

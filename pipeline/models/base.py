@@ -30,13 +30,28 @@ class Weights:
 class Sizes:
     """A model's sizes, as the storage estimate needs them (no torch, no weights): the
     memory's and the features' widths, the mask memories and object pointers a frame's
-    memory holds at most, and the stored feature levels as (channels, stride)."""
+    memory holds at most, and the stored feature levels as (channels, patch, per patch):
+    S // patch * per_patch values a side. A mask memory holds `memory_tokens` values of
+    `mem_dim` (None: one per patch), stored `memory_bytes` bytes a value (SAM 2's in
+    bfloat16; a transformers session's as it computed them)."""
 
     mem_dim: int
     hidden_dim: int
     num_maskmem: int
     max_obj_ptrs: int
-    levels: tuple[tuple[int, int], ...]
+    levels: tuple[tuple[int, int, int], ...]
+    memory_tokens: int | None = None
+    memory_bytes: int = 2
+
+    def side(self, S: int, level: int) -> int:
+        _, patch, per = self.levels[level]
+        return S // patch * per
+
+    def memory_slot(self, S: int) -> int:
+        """Bytes a frame's mask memory takes in a snapshot (before compression)."""
+        patch = self.levels[-1][1]
+        tokens = self.memory_tokens or (S // patch) ** 2
+        return self.mem_dim * tokens * self.memory_bytes
 
 
 class ModelFamily:

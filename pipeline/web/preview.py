@@ -13,6 +13,7 @@ import torch
 
 from segpipe.model import (
     autocast,
+    family_of_predictor,
     model_spec_of,
     pick_device,
     precision_of,
@@ -71,6 +72,8 @@ class Previewer:
             plan, video = store.plan, store.attrs["video"]
             f, obj = prompts[0].frame, prompts[0].object_id
             precision = self.precision(store)
+            if family_of_predictor(predictor).session_tracker:
+                return self._session_mask(store, predictor, prompts, f)
             if has(store, "features", plan.chunk_of(f)):
                 vision_pos, maskmem_pos = positional_encodings(predictor, store, precision)
                 features = StoredFeatures(store, predictor.device, vision_pos, {})
@@ -104,20 +107,34 @@ class Previewer:
             threshold = self.options["score_threshold"]
             return (masks[0, 0] > threshold).cpu().numpy(), score
 
+    def _session_mask(self, store: RunStore, predictor, prompts: list, f: int):
+        """A family tracked in its own session (`stages.track.session`): its preview."""
+        from segpipe.stages.track.session import OneFrame, preview
+
+        if has(store, "features", store.plan.chunk_of(f)):
+            features = StoredFeatures(store, predictor.device, [], {})
+        else:
+            family = family_of_predictor(predictor)
+            image = family.preprocess(self._frame(store, f), predictor.device)
+            features = OneFrame(f, family.encode(predictor, image))
+        return preview(predictor, store, prompts, features, self.options["score_threshold"])
+
+    def _frame(self, store: RunStore, f: int) -> np.ndarray:
+        """Frame f at the model's size (1, S, S, 3): as stored, else decoded again."""
+        if has(store, "frames", store.plan.chunk_of(f)):
+            return store.read("frames", f, f + 1)
+        from segpipe.sources.frames import model_input
+        from segpipe.store.source import SourceReader, stored_source
+
+        _, _, picture = next(SourceReader(store, stored_source(store)).frames(f, 1))
+        return model_input(picture, store.image_size)[None]
+
     def _state_from_frame(self, store: RunStore, predictor, f: int, video: dict) -> dict:
         """SAM 2's own state over the one frame, which its image encoder encodes on the
         first prompt (the frame as stored, else decoded again from the source)."""
         from segpipe.stages.encode import preprocess
 
-        if has(store, "frames", store.plan.chunk_of(f)):
-            frame = store.read("frames", f, f + 1)
-        else:
-            from segpipe.sources.frames import model_input
-            from segpipe.store.source import SourceReader, stored_source
-
-            _, _, picture = next(SourceReader(store, stored_source(store)).frames(f, 1))
-            frame = model_input(picture, store.image_size)[None]
-        image = preprocess(frame)[0]
+        image = preprocess(self._frame(store, f))[0]
         state = new_state(
             predictor, store.plan.num_frames, video["height"], video["width"], {}, None
         )

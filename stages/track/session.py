@@ -71,21 +71,17 @@ class StoredCache:
         pass
 
 
-def positional_encodings(predictor, store: RunStore) -> list[torch.Tensor]:
+def positional_encodings(predictor) -> list[torch.Tensor]:
     """The vision levels' positional encodings as `get_image_features` gives them for one
     frame: the neck's sine encoding at each level's size, flattened (they depend on shapes
     alone)."""
-    from segpipe.store.features import LEVELS
-
     model = predictor.model
-    neck = model.vision_encoder.neck
     width = model.config.vision_config.fpn_hidden_size
     out = []
-    for name in LEVELS:
-        h, w = store.array(name).shape[2:]
+    for h, w in predictor.segpipe_family.feature_sizes(predictor):
         shape = torch.Size((1, width, h, w))
-        pe = neck.position_encoding(shape, predictor.device, torch.float32).to(torch.float32)
-        out.append(pe.flatten(2).permute(2, 0, 1))
+        pe = model.vision_encoder.neck.position_encoding(shape, predictor.device, torch.float32)
+        out.append(pe.to(torch.float32).flatten(2).permute(2, 0, 1))
     return out
 
 
@@ -135,7 +131,7 @@ class SessionTracker:
         self.span, self.start = span, span.first(direction)
         self.threshold = float(options["score_threshold"])
         self.features, self.supply, self.on_commit = features, supply, on_commit
-        self.cache = StoredCache(features, positional_encodings(predictor, store))
+        self.cache = StoredCache(features, positional_encodings(predictor))
         config = self.model.config
         T = plan.num_frames
         self.pointers = max(min(T, config.max_object_pointers_in_encoder) - 1, 1)
@@ -170,18 +166,9 @@ class SessionTracker:
         self.supply.finished(self.unit)
 
     def new_session(self):
-        session = self.predictor.session_class(
-            video=None,
-            video_height=self.height,
-            video_width=self.width,
-            inference_device=self.predictor.device,
-            inference_state_device=self.predictor.device,
-            video_storage_device=self.predictor.device,
-            dtype=torch.float32,
+        return new_session(
+            self.predictor, self.plan.num_frames, self.height, self.width, self.cache
         )
-        session.processed_frames = VideoLength(self.plan.num_frames)
-        session.cache = self.cache
-        return session
 
     def restore(self, before: int | None):
         """A session holding the memory as it was after chunk `before` (None: the pass's
@@ -282,6 +269,50 @@ class SessionTracker:
         self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
         if self.on_commit is not None:
             self.on_commit(self.direction, k)
+
+
+def new_session(predictor, num_frames: int, height: int, width: int, cache: StoredCache):
+    """transformers' inference session for a video of `num_frames` frames at height x width,
+    holding no frame: its features come from `cache`."""
+    session = predictor.session_class(
+        video=None,
+        video_height=height,
+        video_width=width,
+        inference_device=predictor.device,
+        inference_state_device=predictor.device,
+        video_storage_device=predictor.device,
+        dtype=torch.float32,
+    )
+    session.processed_frames = VideoLength(num_frames)
+    session.cache = cache
+    return session
+
+
+class OneFrame:
+    """Features of one frame (encoded now, not stored), as `StoredFeatures` serves them."""
+
+    def __init__(self, f: int, levels: list[torch.Tensor]):
+        self.lo, self.levels = f, levels
+
+    def load(self, lo: int, hi: int) -> None:
+        raise RuntimeError(f"only frame {self.lo} is held")
+
+
+@torch.inference_mode()
+def preview(predictor, store: RunStore, prompts: list, features, threshold: float):
+    """One object's mask (H, W) bool and score logit on one frame from its prompts there, as
+    transformers' session makes it when they are added (each prompt, then the model on the
+    frame); `features`: the stored ones (`StoredFeatures`) or the frame's (`OneFrame`)."""
+    video = store.attrs["video"]
+    H, W = video["height"], video["width"]
+    cache = StoredCache(features, positional_encodings(predictor))
+    session = new_session(predictor, store.plan.num_frames, H, W, cache)
+    processor = processor_for(predictor.segpipe_family, predictor.image_size)
+    for p in prompts:
+        add_prompt(processor, session, p)
+        out = predictor.model(inference_session=session, frame_idx=p.frame)
+    logits = F.interpolate(out.pred_masks, (H, W), mode="bilinear", align_corners=False)
+    return (logits[0, 0] > threshold).cpu().numpy(), float(out.object_score_logits.reshape(-1)[0])
 
 
 def add_prompt(processor, session, p) -> None:

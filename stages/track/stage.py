@@ -194,8 +194,9 @@ def track(
 
 def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: bool, spec):
     """The groups asked for, or one where they cannot be (said)."""
-    if (groups or 1) > 1 and family_of(spec["name"]).session_tracker:
-        log.info(f"track: {spec['name']} tracks its objects in one group (together)", quiet)
+    if family_of(spec["name"]).session_tracker:  # one group, also on Dask workers
+        if (groups or 1) > 1:
+            log.info(f"track: {spec['name']} tracks its objects in one group (together)", quiet)
         return 1
     if (groups or 1) > 1 and coupled(options):
         log.info(
@@ -327,7 +328,8 @@ def run_passes(
     settings = stored_settings(store)
     plan = store.plan
     span = Span.of(settings, plan.num_frames)
-    units = _units(store, plan, span, pending, groups, settings["options"])
+    together = family_of_predictor(predictor).session_tracker  # its objects go together
+    units = _units(store, plan, span, pending, groups, settings["options"], together)
     todo = {u: object_todo(store, u[0], g, span.chunks(plan, u[0])) for u, g in units.items()}
     starts = {u: c[0] == span.chunks(plan, u[0])[0] for u, c in todo.items()}
     prompt_chunks = unit_prompt_chunks(plan, prompts, units, starts)
@@ -382,7 +384,8 @@ def _run_sessions(store, predictor, prompts, units, supply, span, settings, on_c
     from segpipe.stages.track.tracker import StoredFeatures, shown_by
 
     features = StoredFeatures(store, predictor.device, [], supply.held)
-    for d, _ in units:
+    for (d, _), slots in units.items():
+        assert slots == list(range(len(prompt_file.object_ids(prompts)))), "one group"
         tracker = SessionTracker(
             predictor,
             store,
@@ -398,10 +401,13 @@ def _run_sessions(store, predictor, prompts, units, supply, span, settings, on_c
         tracker.run(shown_by(settings["direction"], d, span.start), quiet)
 
 
-def _units(store: RunStore, plan: ChunkPlan, span: Span, pending, groups, options) -> dict:
+def _units(
+    store: RunStore, plan: ChunkPlan, span: Span, pending, groups, options, together=False
+) -> dict:
     """The groups of objects each pass runs, by (direction, first slot): `groups` groups
     (an int) of the objects with chunks to do, or the one group of slots given (a Dask
-    task's)."""
+    task's); one group of every object where they go `together` (a family tracked in
+    its own session)."""
     units = {}
     for d in pending:
         chunks = span.chunks(plan, d)
@@ -409,9 +415,9 @@ def _units(store: RunStore, plan: ChunkPlan, span: Span, pending, groups, option
             # under --keep masks one group here: groups read each chunk's features once
             # each, which would then all be written; objects ahead of others (a run in
             # groups that stopped) redo their chunks, bit for bit
-            together = keep_setting(store) == "masks"
-            parts = object_groups(store, d, chunks, groups, options, together)
-        elif coupled(options):  # every object together, whatever each has
+            one = together or keep_setting(store) == "masks"
+            parts = object_groups(store, d, chunks, groups, options, one)
+        elif together or coupled(options):  # every object together, whatever each has
             parts = [list(groups)] if object_todo(store, d, list(groups), chunks) else []
         else:
             parts = cut(store, d, chunks, list(groups))

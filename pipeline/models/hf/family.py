@@ -42,6 +42,8 @@ class HfVideo(ModelFamily):
     multiple = 16  # the input size is a multiple of the image encoder's patch
     masks_beside_others = True  # a mask prompt works with other objects in the session
     smallest = 0  # the smallest input size its architecture takes
+    memory_tokens: int | None = None  # a mask memory's tokens (None: one per patch)
+    memory_bytes = 2  # bytes a value of a mask memory (transformers casts it as SAM 2 does)
 
     def model_class(self):
         raise NotImplementedError
@@ -136,9 +138,12 @@ class HfVideo(ModelFamily):
         return {"postprocessing": False, "non_overlap": False}
 
     def sizes(self, model) -> Sizes:
-        # the memory's channels, the features', mask memories and pointers read; levels as
-        # (channels, stride) at the family's usual size
-        return Sizes(64, 256, 7, 16, ((32, 4), (64, 8), (256, 16)))
+        # levels 0 and 1 through the mask decoder's conv_s0 / conv_s1, as SAM 2's; a mask
+        # memory's positional encoding, stored beside it, is the same for every frame and
+        # compresses to next to nothing
+        p = self.multiple
+        levels = ((32, p, 4), (64, p, 2), (256, p, 1))
+        return Sizes(64, 256, 7, 16, levels, self.memory_tokens, self.memory_bytes)
 
 
 class EdgeTam(HfVideo):
@@ -150,6 +155,8 @@ class EdgeTam(HfVideo):
     # object's is (1, 1, 1): its forward cannot concatenate a frame holding both
     masks_beside_others = False
     smallest = 256  # its perceiver's 16 x 16 latents pool the features at stride 16
+    memory_tokens = 512  # its perceiver's latents: 256 1-D and 16 x 16 2-D
+    memory_bytes = 4  # float32: its perceiver's output, cast to the masks' dtype
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
     def model_class(self):
@@ -200,9 +207,6 @@ class Sam3Tracker(HfVideo):
 
     def config(self, model, image_size):
         return configs.sam3_tracker_config(image_size, model.endswith("-mini"))
-
-    def sizes(self, model) -> Sizes:
-        return Sizes(64, 256, 7, 16, ((32, 4), (64, 7), (256, 14)))
 
 
 def _hub_folder(repo_id: str) -> Path:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from segpipe.errors import BadInput
 from segpipe.models.base import ModelFamily, Sizes, Weights
-from segpipe.models.sam2 import build, catalog, frames
+from segpipe.models.sam2 import build, catalog
 
 # SAM 2's tracker (every official config): mask memories of num_maskmem - 1 = 6 earlier
 # frames, object pointers of max_obj_ptrs_in_encoder - 1 = 15; segpipe_tiny has the same
@@ -39,8 +39,10 @@ class Sam2(ModelFamily):
         predictor.segpipe_family = self  # (`segpipe.model.family_of_predictor`)
         return predictor
 
-    def preprocess(self, frames_, device=None):
-        return frames.preprocess(frames_, device)
+    def preprocess(self, frames, device=None):
+        from segpipe.models.sam2.frames import preprocess  # torch: once there is work
+
+        return preprocess(frames, device)
 
     def encode(self, predictor, images) -> list:
         """The backbone's three levels, as `forward_image` gives them (levels 0 and 1
@@ -54,7 +56,7 @@ class Sam2(ModelFamily):
         mem_dim, hidden_dim = build.widths(model) if model else (64, 256)
         # levels 0 and 1 come out of the mask decoder's conv_s0 / conv_s1: hidden_dim / 8
         # and / 4 channels, at strides 4 and 8; level 2 at 16
-        levels = ((hidden_dim // 8, 4), (hidden_dim // 4, 8), (hidden_dim, 16))
+        levels = ((hidden_dim // 8, 16, 4), (hidden_dim // 4, 16, 2), (hidden_dim, 16, 1))
         return Sizes(mem_dim, hidden_dim, NUM_MASKMEM, MAX_OBJ_PTRS, levels)
 
 
