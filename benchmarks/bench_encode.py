@@ -17,7 +17,7 @@ from measure import looped_clip, measure, python, segpipe, table  # noqa: E402
 BARE = """
 import sys, time, torch, zarr
 from segpipe.model import Weights, build_model
-from segpipe.stages.encode import preprocess
+from segpipe.models.sam2.frames import preprocess
 group = zarr.open_group(sys.argv[1], mode="r")
 model = build_model("sam2.1_hiera_t", group.attrs["decoding"]["image_size"], Weights(random_seed=0))
 frames = group["frames"]

@@ -132,6 +132,7 @@ def segpipe_steps(timers: Timers) -> None:
     """Timers around segpipe's host steps."""
     from segpipe import fsutil
     from segpipe.sources import frames
+    from segpipe.models.sam2 import frames as sam2_frames
     from segpipe.stages import alongside, decode, encode
     from segpipe.stages.export import as_tracked
     from segpipe.stages.track import memory, stage, supply, tracker
@@ -146,7 +147,7 @@ def segpipe_steps(timers: Timers) -> None:
         (frames, "digested_input", "frame prepared (other)"),
         (frames, "frame_digests", "frame digests"),
         (encode.FramesOnDisk, "__call__", "frames read from the store"),
-        (encode, "preprocess", "preprocess (normalise)"),
+        (sam2_frames, "preprocess", "preprocess (normalise)"),
         (features, "to_storage", "features to host, stored dtype"),
         (encode, "write_features", "features written"),
         (supply.ChunkSupply, "ensure", "supply: encode where missing (other)"),

@@ -10,6 +10,7 @@ from dataclasses import fields, replace
 
 from segpipe import log
 from segpipe.model import trained_size
+from segpipe.models.registry import family_of
 from segpipe.settings import DEFAULTS, Decoding, Encoding, Execution, Output, recorded
 from segpipe.store.runstore import RunStore
 
@@ -78,15 +79,15 @@ NAMES = {name for names in FROM_THE_STORE.values() for name in names}
 
 def sized(decoding: Decoding, encoding: Encoding, execution: Execution, command: str) -> Decoding:
     """`decoding` with a new store's image size, where none is given: the size the weights
-    (`encoding`, filled) say they were trained at (segpipe_tiny's do; official
-    checkpoints do not: None, the command line's 1024), said where it is not 1024."""
+    (`encoding`, filled) say they were trained at (segpipe_tiny's do, and a transformers
+    checkpoint's config; SAM 2's official checkpoints do not), else the family's native
+    one (None: the command line's 1024), said where it is not 1024."""
     from segpipe.model import resolve_weights
 
     if decoding.image_size is not None:
         return decoding
-    size = trained_size(
-        resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
-    )
+    weights = resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
+    size = trained_size(weights) or family_of(encoding.model or DEFAULTS["model"]).native_size
     if size is not None and size != COMMAND_LINE["image_size"]:
         log.info(
             f"{command}: --image-size {size}, the size these weights were trained at",

@@ -274,6 +274,7 @@ def memory_snapshots(
     hidden_dim = sizes.hidden_dim
     # a snapshot's mask memory: SAM 2's bfloat16, or float32 bytes (a transformers session's)
     slot = sizes.memory_slot(S) * (RHO_MASKMEM if sizes.memory_bytes == 2 else RHO_FLOAT32)
+    logits = (sizes.side(S, 2) * 4) ** 2  # a prompted frame's low-res logits
     rho = RHO_FLOAT32_FROM_BF16 if precision == "bfloat16" else RHO_FLOAT32
     M, P = sizes.num_maskmem - 1, max(min(T, sizes.max_obj_ptrs) - 1, 1)
     ids = list(dict.fromkeys(p.object_id for p in prompts))
@@ -282,8 +283,7 @@ def memory_snapshots(
     cond = {i: sorted({p.frame for p in prompts if p.object_id == i}) for i in ids}
     # per object (its own arrays: `memory/<dir>/<slot>/`)
     prompted = sum(
-        len(c) * (4 + slot + hidden_dim * 4 * rho + 4 + (S // 4) ** 2 * 4 * rho)
-        for c in cond.values()
+        len(c) * (4 + slot + hidden_dim * 4 * rho + 4 + logits * 4 * rho) for c in cond.values()
     ) + O * (5 * (CHUNK_OVERHEAD + ARRAY_META) + GROUP_META)
     small = O * ((2 * P + M) * 4 + 5 * CHUNK_OVERHEAD)  # frame indices, scores, headers
     out = {}

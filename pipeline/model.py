@@ -5,6 +5,7 @@ model its embeddings were made with (a store refuses another)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -64,6 +65,13 @@ def trained_size(weights: Weights) -> int | None:
     official checkpoints do not), else None."""
     if weights.checkpoint is None:
         return None
+    if Path(weights.checkpoint).suffix == ".safetensors":  # a transformers folder's config
+        config = Path(weights.checkpoint).parent / "config.json"
+        try:
+            size = json.loads(config.read_text()).get("image_size")
+        except (OSError, ValueError):
+            return None
+        return size if isinstance(size, int) else None
     import torch
 
     try:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from segpipe import log
 from segpipe.errors import DamagedStore, SegpipeError, StoreNotReady
+from segpipe.models.registry import family_of
 from segpipe.plan import ChunkPlan, Span, passes, untracked_chunks
 from segpipe.settings import Encoding, Execution
-from segpipe.store.layout import TRACK_ARRAYS, memory_arrays
+from segpipe.store.layout import TRACK_ARRAYS, memory_arrays, session_arrays
 from segpipe.store.ledger import object_stage
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.retention import DROPPABLE, dropped
@@ -115,14 +116,18 @@ def _scan_pass(store: RunStore, plan: ChunkPlan, track: dict, d: str, found: lis
     results and memory. A damaged chunk of the results holds both passes' frames: it is
     redone in both, for that object."""
     chunks = Span.of(track, plan.num_frames).chunks(plan, d)
+    session = family_of(store.attrs["model"]["name"]).session_tracker
     for s in range(len(track["object_ids"])):
         stage = object_stage(d, s)
         done = store.ledger(stage).done()
         mine = [k for k in chunks if k < len(done) and done[k]]
-        prompted = [n for n in memory_arrays(d, s, "prompted") if store.array(n) is not None]
+        if session:  # every object's memory in one set of arrays
+            prompted, recent = (session_arrays(store, d, kind) for kind in ("prompted", "recent"))
+        else:
+            prompted = [n for n in memory_arrays(d, s, "prompted") if store.array(n) is not None]
+            recent = memory_arrays(d, s, "recent")
         if not all([_check(store, n, 0, found) for n in prompted]):
             redo.setdefault(stage, set()).update(mine)
-        recent = memory_arrays(d, s, "recent")
         for k in mine:
             results = [_check(store, n, k, found, slot=s) for n in TRACK_ARRAYS]
             if not all(results + [_check(store, n, k, found) for n in recent]):

@@ -16,7 +16,8 @@ from pathlib import Path
 from segpipe import defaults, log
 from segpipe import prompts as prompt_file
 from segpipe.errors import BadInput
-from segpipe.settings import Output, Settings
+from segpipe.models.registry import family_of
+from segpipe.settings import DEFAULTS, Output, Settings
 from segpipe.sources.registry import named, probe
 from segpipe.stages.alongside import CountChanged
 from segpipe.stages.alongside import start as start_alongside
@@ -24,6 +25,7 @@ from segpipe.stages.decode import decode as decode_stage
 from segpipe.stages.decode import recorded_kind
 from segpipe.stages.export.as_tracked import ExportsAsTracked
 from segpipe.stages.export.stage import FORMATS
+from segpipe.stages.track.stage import check_family
 from segpipe.stages.track.stage import track as track_stage
 from segpipe.store.layout import export_folder
 from segpipe.store.retention import keep_setting, refuse_on_dask, set_keep
@@ -42,8 +44,10 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     output = Output(output.keep, tuple(output.formats(run_formats())))
     if execution.on_dask:
         refuse_on_dask(output.keep)
+    loaded = None
     if prompts is not None:
-        check_prompts(video, prompts, output.exports, decoding.stream, decoding.fps, store)
+        args = (decoding.stream, decoding.fps, store)
+        loaded = check_prompts(video, prompts, output.exports, *args)
     decoding, encoding, output = defaults.resolve(
         store, "run", execution.quiet, decoding, encoding, output
     )
@@ -51,6 +55,12 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
         decoding = defaults.sized(decoding, encoding, execution, "run")
     else:  # no weights: said now, before anything is written
         resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
+    family = family_of(encoding.model)
+    family.check_size(encoding.model, decoding.image_size or DEFAULTS["image_size"])
+    if loaded is not None:  # what the family's tracking refuses, said before the decode
+        t = settings.tracking
+        asked = {"non_overlap": t.non_overlap, "object_start": t.object_start}
+        check_family(encoding.model, loaded, {**asked, "object_batch": t.object_batch or 1})
     return Settings(decoding, encoding, settings.tracking, output, execution)
 
 
@@ -185,7 +195,7 @@ def _frames_written(keep: str | None):
     return written
 
 
-def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, store=None) -> None:
+def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, store=None) -> list:
     """The prompts read and checked against the source before anything is written: points,
     boxes and masks against the frame size, object ids against the exports (DAVIS PNGs hold
     ids 1..255), frames against the frame count known before decoding: a frame folder's,
@@ -210,3 +220,4 @@ def check_prompts(video, prompts, exports: list[str], stream=None, fps=None, sto
             f"davis PNGs hold object ids 1..255; the prompts have ids {ids}: "
             f"renumber them, or leave davis out of --export"
         )
+    return loaded

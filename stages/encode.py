@@ -30,7 +30,6 @@ from segpipe.model import (
     resolve_weights,
     trained_size,
 )
-from segpipe.models.sam2.frames import preprocess  # noqa: F401 - named here too
 from segpipe.plan import ChunkPlan
 from segpipe.settings import Encoding, Execution
 from segpipe.store.features import (

@@ -15,8 +15,9 @@ from conftest import (
     wait_for,
 )
 
+from segpipe.models.sam2.frames import preprocess
 from segpipe.settings import Encoding, Execution
-from segpipe.stages.encode import encode, preprocess
+from segpipe.stages.encode import encode
 from segpipe.store.features import LEVELS, from_storage
 
 

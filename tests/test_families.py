@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_code, segpipe, tree_digest
+from conftest import assert_user_error, ledger_records, run_code, segpipe, tree_digest
 from hf_oracle import hf_model, hf_oracle, hf_prompted
 from oracle import assert_tracked_as_sam2
 
@@ -88,30 +88,76 @@ KILL = """
 import sys
 sys.path.insert(0, "tests")
 import kill_points
-kill_points.mid_write(sys.argv[1], 3)
-kill_points.cli(sys.argv[2:])
+kill_points.mid_write(sys.argv[1], int(sys.argv[2]))
+kill_points.cli(sys.argv[3:])
 """
+
+# where each family's kill lands: halfway through writing a pass's memory snapshot, the
+# chunks before it committed. EdgeTAM: the forward pass's 4th chunk (frames 17..19 from a
+# prompt on frame 5: the rerun restores the snapshot after frame 15, which holds mask
+# memories for 10..15 and pointers alone for 6..9). SAM 3's tracker: the reverse pass's 2nd
+# chunk (the rerun restores the snapshot after frames 5..4, which holds the outputs the
+# prompts' model calls left on frames 8 and 11, read by a reverse pass).
+KILLS = {"edgetam": ("forward", 4), "sam3-tracker": ("reverse", 2)}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_killed_mid_tracking_then_rerun_under_keep_masks(small, oracles, tmp_path, family):
-    """Killed halfway through writing the third chunk of the forward pass's memory, then
-    run again: only what was not committed is redone, and the result is transformers'."""
+    """Killed halfway through writing a chunk's memory, then run again: the chunks
+    committed before the kill are not tracked again, and the result is transformers'."""
     prompts, oracle = oracles[family, "all"]
     store = tmp_path / "s.zarr"
     args = run_args(small, store, prompts, family, 4, "--keep", "masks")
-    killed = run_code(KILL, "memory/forward/session/recent_frame", *args)
+    direction, nth = KILLS[family]
+    killed = run_code(KILL, f"memory/{direction}/session/recent_frame", nth, *args)
     assert killed.returncode == -9, killed.stderr
-    done = RunStore.open(store).pass_ledger("forward").count()
-    assert 0 < done < 5, done  # the kill landed mid-pass: some chunks committed, not all
+    ledger = RunStore.open(store).pass_ledger(direction)
+    done = ledger.count()
+    assert done == nth - 1, done  # the kill landed mid-pass: the chunks before it committed
+    committed = dict(ledger_records(store, f"track_{direction}"))
     segpipe(*args, check=True)
+    again = ledger_records(store, f"track_{direction}")
+    assert all(again[k] == t for k, t in committed.items())  # not tracked again
     assert_tracked_as_sam2(store, oracle, "both")
 
 
-def test_edgetam_refuses_a_mask_beside_other_objects(small, oracles, tmp_path):
+def test_repair_finds_a_damaged_memory_chunk_and_nothing_in_a_whole_store(
+    small, oracles, tmp_path
+):
+    """A whole store: no damage. A chunk of the session memory removed: found, its pass
+    redone from there, the masks transformers' again."""
+    prompts, oracle = oracles["edgetam", "all"]
     store = tmp_path / "s.zarr"
-    proc = segpipe(*run_args(small, store, small / "prompts.json", "edgetam", 4))
-    assert_user_error(proc, "edgetam", "mask prompt beside other objects")
+    segpipe(*run_args(small, store, prompts, "edgetam", 4), check=True)
+    proc = segpipe("repair", "--store", store, check=True)
+    assert "no damage found" in proc.stderr, proc.stderr
+    damaged = store / "memory/forward/session/recent_maskmem_features/c/2/0/0/0"
+    damaged.unlink()
+    proc = segpipe("repair", "--store", store, check=True)
+    assert "recent_maskmem_features" in proc.stderr and "chunk 2" in proc.stderr, proc.stderr
+    assert damaged.is_file()
+    assert_tracked_as_sam2(store, oracle, "both")
+    assert "no damage found" in segpipe("repair", "--store", store, check=True).stderr
+
+
+def test_what_transformers_families_do_not_do_is_refused_before_any_write(small, tmp_path):
+    """A mask prompt beside other objects (transformers' own EdgeTAM fails on it), and SAM
+    2's --non-overlap, --object-start own and --object-batch: one line each, the encoded
+    store as it was."""
+    store = tmp_path / "s.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 256, check=True)
+    segpipe(
+        "encode", "--store", store, "--model", "edgetam-mini", "--random-weights", 0, check=True
+    )
+    before = tree_digest(store)
+    proc = segpipe("track", "--store", store, "--prompts", small / "prompts.json")
+    assert_user_error(proc, "edgetam-mini", "mask prompt beside other objects")
+    points = prompts_of(small, tmp_path, "edgetam", "all")
+    own = ["--object-start", "own", "--direction", "forward"]
+    for option in (["--non-overlap"], own, ["--object-batch", "2"]):
+        proc = segpipe("track", "--store", store, "--prompts", points, *option)
+        assert_user_error(proc, " ".join(option[:2]) if option is own else option[0], "alone")
+    assert tree_digest(store) == before
 
 
 def test_a_store_of_one_family_refuses_another(small, tmp_path):

@@ -24,6 +24,7 @@ from segpipe import interrupt, log
 from segpipe.dask.tasks import Work, encode_task, export_task, pass_task, video_task
 from segpipe.errors import BadInput, SegpipeError
 from segpipe.fsutil import resolved
+from segpipe.models.registry import family_of
 from segpipe.plan import Span, passes
 from segpipe.settings import Execution
 from segpipe.store.retention import keep_setting, refuse_on_dask
@@ -451,10 +452,14 @@ class Cluster:
             self.encode(store, missing, work, quiet)
         for d in pending:
             store.pass_ledger(d).reserve(max(span.chunks(plan, d)) + 1)
+        # a family tracked in its own session: every object in one group, whatever each has
+        together = family_of(store.attrs["model"]["name"]).session_tracker
         units = [
             (d, g)
             for d in pending
-            for g in object_groups(store, d, span.chunks(plan, d), groups, settings["options"])
+            for g in object_groups(
+                store, d, span.chunks(plan, d), groups, settings["options"], together
+            )
         ]
         watch = _PassWatch(store, span, todo, units, on_commit)
         path = str(resolved(store.path))

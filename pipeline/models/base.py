@@ -74,6 +74,11 @@ class ModelFamily:
     # not SAM 2's predictor (stages/track/tracker.py)
     session_tracker: bool = False
 
+    native_size: int | None = None  # its input size, where not the command line's 1024
+
+    def check_size(self, model: str, image_size: int) -> None:
+        """Refuse an input size `model` cannot take (`BadInput`), before anything is made."""
+
     def weights(self, model: str, checkpoint: str | None, random_seed: int | None) -> Weights:
         """Where `model`'s weights come from (one of `checkpoint`, `random_seed`, or the
         family's shipped ones; none of them: `BadInput` saying where to get them)."""

@@ -25,6 +25,18 @@ def memory_arrays(direction: str, slot: int, kind: str) -> list[str]:
     return [f"memory/{direction}/{slot}/{kind}_{n}" for n in names]
 
 
+def session_arrays(store: RunStore, direction: str, kind: str) -> list[str]:
+    """A pass's memory of a family tracked in its own session (`stages.track.session`):
+    every object's, under `memory/<direction>/session/`, its `kind` ("recent" or
+    "prompted") arrays the store holds."""
+    root = f"memory/{direction}/session"
+    try:
+        names = sorted(store.group[root].array_keys())
+    except KeyError:
+        return []
+    return [f"{root}/{n}" for n in names if n.startswith(f"{kind}_")]
+
+
 STAGE_OUTPUTS = {
     "encode": {
         "arrays": ["features"],

@@ -132,7 +132,7 @@ class Previewer:
     def _state_from_frame(self, store: RunStore, predictor, f: int, video: dict) -> dict:
         """SAM 2's own state over the one frame, which its image encoder encodes on the
         first prompt (the frame as stored, else decoded again from the source)."""
-        from segpipe.stages.encode import preprocess
+        from segpipe.models.sam2.frames import preprocess
 
         image = preprocess(self._frame(store, f))[0]
         state = new_state(

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from segpipe import log
 from segpipe import prompts as prompt_file
 from segpipe.behind import Behind
-from segpipe.errors import BadInput
 from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.groups import object_todo
 from segpipe.stages.track.supply import ChunkSupply
@@ -30,7 +29,6 @@ from segpipe.store.runstore import RunStore
 # what a tracked frame's output holds that later frames read (pred_masks: a prompted
 # frame's, given back when the pass reaches it)
 READ = ("object_pointer", "object_score_logits", "maskmem_features", "maskmem_pos_enc")
-MEMORY = ("maskmem_features", "maskmem_pos_enc")
 PROMPTED = (*READ, "pred_masks")
 
 
@@ -111,16 +109,6 @@ class SessionTracker:
         options: dict,
         on_commit=None,
     ):
-        if options["object_start"] == "own":
-            raise BadInput(f"{predictor.segpipe_family.name} tracks every object from the start")
-        family = predictor.segpipe_family
-        if not family.masks_beside_others and len(prompt_file.object_ids(prompts)) > 1:
-            if any(p.mask is not None for p in prompts):
-                raise BadInput(
-                    f"{family.name}: a mask prompt beside other objects fails in "
-                    f"transformers' own {family.name} (its score comes back in another "
-                    f"shape); prompt with points or a box, or track that object alone"
-                )
         self.predictor, self.model, self.store, self.plan = predictor, predictor.model, store, plan
         self.direction, self.reverse = direction, direction == "reverse"
         self.prompts, self.ids = prompts, prompt_file.object_ids(prompts)
@@ -206,7 +194,7 @@ class SessionTracker:
                 if not 1 <= back <= self.pointers:
                     del tracked[t]
                     continue
-                keep = READ if back <= self.memories else ("object_pointer", "object_score_logits")
+                keep = READ if back <= self.memories else POINTER
                 tracked[t] = {k: v for k, v in tracked[t].items() if k in keep}
 
     @torch.inference_mode()
@@ -335,18 +323,25 @@ def add_prompt(processor, session, p) -> None:
 # -- zarr form -----------------------------------------------------------------------------
 # Under memory/<direction>/session/: prompted_frame (O, K) and prompted_<key> (O, K, bytes);
 # per chunk boundary recent_frame (chunks, O, W), recent_memory (chunks, O, W: whether the
-# mask memory is kept) and recent_<key> (chunks, O, W, bytes). Tensors are stored as their
-# raw bytes, their shape and dtype in the array's attributes: bit for bit, whatever the
-# family's shapes.
+# mask memory is kept) and recent_<key> (chunks, O, W, bytes) for the keys of `STORED`.
+# Tensors are stored as their raw bytes, their dtype and shapes in the array's attributes:
+# bit for bit, whatever the family's shapes. A mask memory's positional encoding depends on
+# its shape alone: stored with the prompted outputs, and checked equal at every snapshot.
+STORED = ("object_pointer", "object_score_logits", "maskmem_features")
+POINTER = ("object_pointer", "object_score_logits")
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
 
 
-def _tensor(a: np.ndarray, attrs: dict, device) -> torch.Tensor:
-    flat = torch.from_numpy(np.ascontiguousarray(a)).view(getattr(torch, attrs["dtype"]))
-    return flat.reshape(attrs["shape"]).to(device)
+def _tensor(a: np.ndarray, dtype: str, shape: list, device) -> torch.Tensor:
+    flat = torch.from_numpy(np.ascontiguousarray(a)).view(getattr(torch, dtype))
+    return flat.reshape(shape).to(device)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class SessionMemory:
@@ -360,21 +355,29 @@ class SessionMemory:
         return f"{self.root}/{name}"
 
     def write_prompted(self, session) -> None:
+        """Every object's prompted outputs, each entry's shape recorded (a mask prompt's
+        score has another shape than a click's in EdgeTAM)."""
         conds = [session.output_dict_per_obj[o]["cond_frame_outputs"] for o in range(self.objects)]
         K = max(len(c) for c in conds)
         frame = np.full((self.objects, K), -1, np.int32)
-        datas = {}
+        datas, kinds = {}, {}
         for o, cond in enumerate(conds):
             for j, (t, out) in enumerate(sorted(cond.items())):
                 frame[o, j] = t
                 for key in PROMPTED:
                     b = _bytes(out[key])
                     if key not in datas:
-                        datas[key] = (np.zeros((self.objects, K, b.size), np.uint8), out[key])
-                    datas[key][0][o, j] = b
+                        datas[key] = np.zeros((self.objects, K, b.size), np.uint8)
+                        kinds[key] = {
+                            "dtype": _dtype(out[key]),
+                            "shapes": [[None] * K for _ in conds],
+                        }
+                    assert kinds[key]["dtype"] == _dtype(out[key]), f"{key}: dtypes differ"
+                    datas[key][o, j] = b
+                    kinds[key]["shapes"][o][j] = list(out[key].shape)
         self._create("prompted_frame", frame)
-        for key, (data, like) in datas.items():
-            self._create(f"prompted_{key}", data, _kind(like))
+        for key, data in datas.items():
+            self._create(f"prompted_{key}", data, kinds[key])
 
     def _create(self, name: str, data: np.ndarray, attrs: dict | None = None) -> None:
         path = self.path(name)
@@ -389,11 +392,14 @@ class SessionMemory:
         thread: the session moves on)."""
         out = {}
         for o in range(self.objects):
-            tracked = session.output_dict_per_obj[o]["non_cond_frame_outputs"]
-            out[session.obj_idx_to_id(o)] = {
-                t: {k: (_bytes(v), _kind(v)) for k, v in entry.items()}
-                for t, entry in sorted(tracked.items())
-            }
+            outputs = session.output_dict_per_obj[o]
+            pos = next(iter(outputs["cond_frame_outputs"].values()))["maskmem_pos_enc"]
+            entries = {}
+            for t, entry in sorted(outputs["non_cond_frame_outputs"].items()):
+                if "maskmem_pos_enc" in entry:
+                    assert torch.equal(entry["maskmem_pos_enc"], pos), "a frame's own encoding"
+                entries[t] = {k: (_bytes(v), v) for k, v in entry.items() if k in STORED}
+            out[session.obj_idx_to_id(o)] = entries
         return {"objects": [out[i] for i in ids]}
 
     def write_snapshot(self, chunk: int, snapshot: dict) -> list[str]:
@@ -405,17 +411,19 @@ class SessionMemory:
         for o, tracked in enumerate(objects):
             assert len(tracked) <= W, "memory in reach wider than its slots"
             for j, (t, entry) in enumerate(tracked.items()):
-                frame[0, o, j], memory[0, o, j] = t, MEMORY[0] in entry
-                for key, (b, kind) in entry.items():
+                frame[0, o, j], memory[0, o, j] = t, "maskmem_features" in entry
+                for key, (b, like) in entry.items():
+                    kind = {"dtype": _dtype(like), "shape": list(like.shape)}
                     if key not in datas:
                         datas[key] = np.zeros((1, self.objects, W, b.size), np.uint8)
                         kinds[key] = kind
+                    assert kinds[key] == kind, f"{key}: {kinds[key]} then {kind}"
                     datas[key][0, o, j] = b
         written = [
             self._put("recent_frame", chunk, frame),
             self._put("recent_memory", chunk, memory),
         ]
-        for key in READ:
+        for key in STORED:
             arr = self.store.array(self.path(f"recent_{key}"))
             if key not in datas and arr is not None:  # none in reach: the row still written
                 datas[key] = np.zeros((1, *arr.shape[1:]), np.uint8)
@@ -436,6 +444,8 @@ class SessionMemory:
                 fill_value=-1 if data.dtype == np.int32 else 0,
                 attributes=attrs,
             )
+        elif attrs is not None and dict(arr.attrs) != attrs:
+            raise AssertionError(f"{path}: {dict(arr.attrs)} stored, {attrs} now")
         arr[chunk : chunk + 1] = data
         return path
 
@@ -448,24 +458,31 @@ class SessionMemory:
         recent_memory = self.store.read(self.path("recent_memory"), chunk, chunk + 1)[0]
         recent = {
             k: self._array(f"recent_{k}", chunk)
-            for k in READ
-            if self.store.array(self.path(f"recent_{k}"))
+            for k in STORED
+            if self.store.array(self.path(f"recent_{k}")) is not None
         }
         for o in range(self.objects):
             outputs = session.output_dict_per_obj[o]
             for j, t in enumerate(frames[o]):
                 if t >= 0:
                     outputs["cond_frame_outputs"][int(t)] = {
-                        k: _tensor(data[o, j], attrs, device)
+                        k: _tensor(data[o, j], attrs["dtype"], attrs["shapes"][o][j], device)
                         for k, (data, attrs) in prompted.items()
                     }
+            pos = next(iter(outputs["cond_frame_outputs"].values()))["maskmem_pos_enc"]
             for j, t in enumerate(recent_frame[o]):
                 if t < 0:
                     continue
-                keys = READ if recent_memory[o, j] else ("object_pointer", "object_score_logits")
-                outputs["non_cond_frame_outputs"][int(t)] = {
-                    k: _tensor(recent[k][0][o, j], recent[k][1], device) for k in keys
+                keys = STORED if recent_memory[o, j] else POINTER
+                entry = {
+                    k: _tensor(
+                        recent[k][0][o, j], recent[k][1]["dtype"], recent[k][1]["shape"], device
+                    )
+                    for k in keys
                 }
+                if recent_memory[o, j]:
+                    entry["maskmem_pos_enc"] = pos
+                outputs["non_cond_frame_outputs"][int(t)] = entry
 
     def _array(self, name: str, chunk: int | None = None):
         path = self.path(name)
@@ -474,7 +491,3 @@ class SessionMemory:
             self.store.read(path) if chunk is None else self.store.read(path, chunk, chunk + 1)[0]
         )
         return data, attrs
-
-
-def _kind(t: torch.Tensor) -> dict:
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}

@@ -164,6 +164,7 @@ def track(
     store = RunStore.open(store_path)
     plan, spec, prompts, weights, named = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
+    check_family(spec["name"], prompts, resolved.options)
     _check_predictor(predictor, resolved.options)
     settings = tracking_settings(prompts, resolved.direction, resolved.options, resolved.window)
     again = execution.force or stored_settings(store) != settings  # every chunk anew
@@ -249,6 +250,29 @@ def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
     precision = spec["precision"]
     check_model(store, model_spec(store, spec["name"], weights, spec["embedding_dtype"], precision))
     return weights, seed
+
+
+def check_family(model: str, prompts: list, options: dict) -> None:
+    """Refuse what a family tracked in its own session does not do, before anything is
+    written: SAM 2's options (`options`: as resolved, or those asked, None where not), and
+    what transformers' own session fails on."""
+    family = family_of(model)
+    if not family.session_tracker:
+        return
+    for option, asked in (
+        ("--non-overlap", options["non_overlap"]),
+        ("--object-start own", options["object_start"] == "own"),
+        ("--object-batch", options.get("object_batch", 1) > 1),
+    ):
+        if asked:
+            raise BadInput(f"{model}: {option} is SAM 2's alone so far")
+    if not family.masks_beside_others and len(prompt_file.object_ids(prompts)) > 1:
+        if any(p.mask is not None for p in prompts):
+            raise BadInput(
+                f"{model}: a mask prompt beside other objects fails in transformers' own "
+                f"{family.name} (its score comes back in another shape); prompt with points "
+                f"or a box, or track that object alone"
+            )
 
 
 def _check_predictor(predictor, options: dict) -> None:

@@ -24,6 +24,7 @@ class SessionPredictor:
     image_size: int
     device: object
     segpipe_family: "HfVideo"
+    options: dict  # the tracking options it was built with (`tracking_options`)
 
     @property
     def session_class(self):
@@ -92,16 +93,16 @@ class HfVideo(ModelFamily):
         return files[0]
 
     def build(self, model, image_size, weights, device, options) -> SessionPredictor:
+        """transformers' model; `options`: SAM 2's postprocessing has no part here (recorded
+        as given), non-overlap is not offered."""
         import torch
 
-        if image_size % self.multiple or image_size < self.smallest:
-            raise BadInput(
-                f"{model} takes image sizes of at least {self.smallest} that are multiples "
-                f"of {self.multiple}"
-            )
+        if options.get("non_overlap"):
+            raise BadInput(f"{model}: --non-overlap is SAM 2's alone so far")
+        self.check_size(model, image_size)
         cls = self.model_class()
         if weights.checkpoint is not None:
-            net = cls.from_pretrained(str(Path(weights.checkpoint).parent))
+            net = _load(cls, Path(weights.checkpoint).parent)
             if net.config.image_size != image_size:
                 raise BadInput(
                     f"{model}'s checkpoint is made for --image-size {net.config.image_size}"
@@ -110,7 +111,14 @@ class HfVideo(ModelFamily):
             torch.manual_seed(weights.random_seed)
             net = cls(self.config(model, image_size))
         net = net.to(device).eval()
-        return SessionPredictor(net, image_size, torch.device(device), self)
+        return SessionPredictor(net, image_size, torch.device(device), self, dict(options))
+
+    def check_size(self, model, image_size):
+        if image_size % self.multiple or image_size < self.smallest:
+            raise BadInput(
+                f"{model} takes image sizes of at least {self.smallest} that are multiples "
+                f"of {self.multiple} (--image-size)"
+            )
 
     def preprocess(self, frames, device=None):
         """uint8 (N, S, S, 3) -> float32 (N, 3, S, S) as transformers' processors normalise
@@ -135,7 +143,7 @@ class HfVideo(ModelFamily):
         return [tuple(s) for s in predictor.model.config.vision_config.backbone_feature_sizes]
 
     def tracking_options(self, predictor) -> dict:
-        return {"postprocessing": False, "non_overlap": False}
+        return {k: predictor.options[k] for k in ("postprocessing", "non_overlap")}
 
     def sizes(self, model) -> Sizes:
         # levels 0 and 1 through the mask decoder's conv_s0 / conv_s1, as SAM 2's; a mask
@@ -151,6 +159,7 @@ class EdgeTam(HfVideo):
     models = ("edgetam", "edgetam-mini")
     model_types = ("edgetam_video",)
     hub = "facebook/EdgeTAM"
+    native_size = 1024
     # transformers 5.23: EdgeTAM's mask-prompted output has a (1, 1) score where a tracked
     # object's is (1, 1, 1): its forward cannot concatenate a frame holding both
     masks_beside_others = False
@@ -185,6 +194,7 @@ class Sam3Tracker(HfVideo):
     models = ("sam3-tracker", "sam3-tracker-mini")
     model_types = ("sam3_tracker_video", "sam3_video", "sam3")
     hub = "facebook/sam3"
+    native_size = 1008
     mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
     multiple = 14
 
@@ -209,6 +219,23 @@ class Sam3Tracker(HfVideo):
         return configs.sam3_tracker_config(image_size, model.endswith("-mini"))
 
 
+FILES = ["*.json", "*.safetensors"]  # a repository's config and weights (not its .pt files)
+
+
+def _load(cls, folder: Path):
+    """transformers' model from a checkpoint folder, in float32 (transformers' default is
+    the checkpoint's dtype); an encoder it cannot build here said in one line."""
+    import torch
+
+    try:
+        return cls.from_pretrained(str(folder), dtype=torch.float32)
+    except ImportError as e:  # EdgeTAM's RepViT: timm, which needs torchvision
+        raise BadInput(
+            f"{folder}: its image encoder needs a package missing here ({e.name or e}): "
+            f"install timm and a torchvision built for this torch"
+        ) from None
+
+
 def _hub_folder(repo_id: str) -> Path:
     """A hub repository's snapshot folder (the cache first; a gated repository without a
     login said in one line)."""
@@ -216,11 +243,11 @@ def _hub_folder(repo_id: str) -> Path:
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=FILES))
     except (LocalEntryNotFoundError, OSError, ValueError):
         pass
     try:
-        return Path(snapshot_download(repo_id))
+        return Path(snapshot_download(repo_id, allow_patterns=FILES))
     except GatedRepoError:
         raise BadInput(
             f"hf:{repo_id} is gated: accept its licence on huggingface.co/{repo_id}, then "

@@ -25,9 +25,12 @@ class Sam2(ModelFamily):
     def shipped(self, spec: dict) -> bool:
         return catalog.made_by_shipped_weights(spec)
 
-    def build(self, model, image_size, weights, device, options):
+    def check_size(self, model, image_size):
         if image_size % 32:
             raise BadInput(f"{model} takes image sizes that are multiples of 32 (its stride)")
+
+    def build(self, model, image_size, weights, device, options):
+        self.check_size(model, image_size)
         predictor = build.build(
             model,
             image_size,
