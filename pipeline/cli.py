@@ -122,9 +122,10 @@ def encode_options(f):
         type=click.Choice(list(MODELS)),
         default=None,
         show_default=f"{DEFAULT_MODEL}, or the store's",
-        help="SAM 2 model config: an official one, or segpipe_tiny (the demo model: "
+        help="The tracker: a SAM 2 config (an official one, or segpipe_tiny, the demo model: "
         "trained on synthetic clips, weights shipped in the package; decode at the "
-        "image size they were trained at, encode warns otherwise).",
+        "image size they were trained at, encode warns otherwise), edgetam or sam3-tracker "
+        "(through transformers: --checkpoint hf:REPO or a folder; -mini: small, for tests).",
     )(f)
     return f
 
@@ -338,13 +339,14 @@ def decode(video, store, **options):
 @ALLOW_ENV_CHANGE
 @QUIET
 def encode(store, **options):
-    """Compute SAM 2 image embeddings for every decoded frame. First prints the storage
+    """Compute the model's image embeddings for every decoded frame. First prints the storage
     estimate and refuses if the features need more than the free space.
 
     \b
     Example:
       segpipe encode --store clip.zarr --model segpipe_tiny
       segpipe encode --store frames.zarr --model segpipe_tiny --workers 2
+      segpipe encode --store clip.zarr --model sam3-tracker --checkpoint hf:facebook/sam3
     """
     with writing(store):
         api.encode(store, **from_options(options, Encoding, Execution))

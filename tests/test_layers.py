@@ -83,6 +83,7 @@ LAYERS = {
         "segpipe.stages.track.supply",
         "segpipe.stages.track.shared",
         "segpipe.stages.track.batch",
+        "segpipe.stages.track.passes",
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.session",
         "segpipe.stages.track.stage",

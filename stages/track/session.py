@@ -15,15 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from segpipe import log
 from segpipe import prompts as prompt_file
-from segpipe.behind import Behind
 from segpipe.plan import ChunkPlan, Span
-from segpipe.stages.track.groups import object_todo
+from segpipe.stages.track.passes import Pass
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.stages.track.tracker import chunk_areas, chunk_scores, pack_bits
-from segpipe.store.layout import TRACK_ARRAYS
-from segpipe.store.masks import packed_size, write_packed
+from segpipe.store.masks import packed_size
 from segpipe.store.runstore import RunStore
 
 # what a tracked frame's output holds that later frames read (pred_masks: a prompted
@@ -92,7 +89,7 @@ def processor_for(family, image_size: int):
     return processor
 
 
-class SessionTracker:
+class SessionTracker(Pass):
     """One pass (forward or reverse) of every object over the chunks, memory carried between
     them. The objects go together: SAM 3's tracker encodes their memories as one batch."""
 
@@ -127,31 +124,6 @@ class SessionTracker:
         self.memstore = SessionMemory(
             store, direction, len(self.ids), plan.num_chunks, self.pointers
         )
-
-    def chunks(self) -> list[int]:
-        return self.span.chunks(self.plan, self.direction)
-
-    def run(self, owned, quiet: bool) -> None:
-        """Track every chunk of the pass not yet done, as `Tracker.run` does."""
-        chunks = self.chunks()
-        todo = object_todo(self.store, self.direction, self.slots, chunks)
-        previous = dict(zip(chunks[1:], chunks))
-        self.after = dict(zip(todo, todo[1:]))
-        total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
-        session = after = None
-        with (
-            log.progress(f"track {self.direction}", total, quiet) as bar,
-            Behind("segpipe-track-writes") as self.writer,
-        ):
-            for k in todo:
-                self.supply.ensure(k)
-                before = previous.get(k)
-                if session is None or after != before:
-                    self.writer.wait()  # a restore reads the snapshot written behind
-                    session = self.restore(before)
-                self.track_chunk(k, session, owned, bar)
-                after = k
-        self.supply.finished(self.unit)
 
     def new_session(self):
         return new_session(
@@ -234,29 +206,6 @@ class SessionTracker:
             self.write, k, lo, host_masks.numpy(), scores, areas, mine, snapshot,
             then=lambda: self.supply.committed(k),
         )  # fmt: skip
-
-    def load_features(self, k: int, lo: int, hi: int) -> None:
-        self.features.load(lo, hi)
-        if k not in self.after:
-            return
-        if self.supply.has(self.after[k]):
-            self.features.read_ahead(*self.plan.bounds(self.after[k]))
-        else:
-            self.supply.ahead(self.after[k])
-
-    def write(self, k, lo, packed, scores, areas, mine, snapshot) -> None:
-        """Write the chunk's masks, scores, areas and memory snapshot, then commit it."""
-        idx = np.nonzero(mine)[0]
-        if len(idx):
-            a, b = lo + idx[0], lo + idx[-1] + 1
-            write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1], 0)
-            self.store.array("object_areas")[a:b] = areas[idx[0] : idx[-1] + 1]
-            self.store.array("object_scores")[a:b] = scores[idx[0] : idx[-1] + 1]
-            self.store.array("tracked")[a:b] = True
-        written = self.memstore.write_snapshot(k, snapshot)
-        self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
-        if self.on_commit is not None:
-            self.on_commit(self.direction, k)
 
 
 def new_session(predictor, num_frames: int, height: int, width: int, cache: StoredCache):

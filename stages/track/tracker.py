@@ -10,19 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from segpipe import log
 from segpipe import prompts as prompt_file
-from segpipe.behind import Behind
 from segpipe.errors import BadInput
 from segpipe.plan import ChunkPlan, Span
 from segpipe.stages.track.batch import batches, one_of, stacked
-from segpipe.stages.track.groups import object_todo
 from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, Reach, TrackerMemory
+from segpipe.stages.track.passes import Pass
 from segpipe.stages.track.shared import PerFrame
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
-from segpipe.store.layout import TRACK_ARRAYS
-from segpipe.store.masks import packed_size, write_packed
+from segpipe.store.masks import packed_size
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import ABSENT_LOGIT, OPTIONS
 
@@ -154,7 +151,7 @@ def apply_prompts(predictor, state: dict, prompts: list) -> None:
     predictor.propagate_in_video_preflight(state)
 
 
-class Tracker:
+class Tracker(Pass):
     """One pass (forward or reverse) of one group of objects over the chunks, memory carried
     between them. `slots`: the group's objects, contiguous slots of the tracking's objects
     (None: all of them); the group sees only its objects' prompts, as SAM 2 tracks each
@@ -215,35 +212,6 @@ class Tracker:
             predictor.hidden_dim,
         )
 
-    def chunks(self) -> list[int]:
-        return self.span.chunks(self.plan, self.direction)
-
-    def run(self, owned, quiet: bool) -> None:
-        """Track every chunk of the pass not yet done; write masks for the frames
-        `owned(frame)` gives to this pass. Chunks left to do need not be contiguous (a
-        repair): each starts from the memory snapshot of the chunk before it."""
-        chunks = self.chunks()
-        todo = object_todo(self.store, self.direction, self.slots, chunks)
-        previous = dict(zip(chunks[1:], chunks))  # the chunk the pass visits before each
-        self.after = dict(zip(todo, todo[1:]))  # the chunk to read ahead while one is tracked
-        total = sum(self.span.count_in(self.direction, *self.plan.bounds(k)) for k in todo)
-        state = memory = after = None
-        # each chunk's writes, commit and `on_commit` (exports) run behind, while the next
-        # chunk is tracked: one in flight at most (`segpipe.behind`)
-        with (
-            log.progress(f"track {self.direction}", total, quiet) as bar,
-            Behind("segpipe-track-writes") as self.writer,
-        ):
-            for k in todo:
-                self.supply.ensure(k)
-                before = previous.get(k)
-                if state is None or after != before:
-                    self.writer.wait()  # a restore reads the snapshot written behind
-                    state, memory = self.restore(before)
-                self.track_chunk(k, state, memory, owned, bar)
-                after = k
-        self.supply.finished(self.unit)
-
     def restore(self, before: int | None) -> tuple[dict, TrackerMemory]:
         """A fresh SAM 2 state holding the memory as it was after chunk `before` (None: the
         pass's start, where the prompts are applied)."""
@@ -293,7 +261,8 @@ class Tracker:
             }
 
     @torch.inference_mode()
-    def track_chunk(self, k: int, state: dict, memory: TrackerMemory, owned, bar) -> None:
+    def track_chunk(self, k: int, restored: tuple, owned, bar) -> None:
+        state, memory = restored
         lo, hi = self.plan.bounds(k)
         frames = self.span.frames_in(self.direction, lo, hi)
         self.load_features(k, lo, hi)
@@ -391,17 +360,6 @@ class Tracker:
         for i, o in enumerate(objs):
             yield o, one_of(out, i, self.pos), pred[i : i + 1]
 
-    def load_features(self, k: int, lo: int, hi: int) -> None:
-        """Load chunk k's features; read the next chunk's ahead if they are ready, else
-        get its frames ahead, to encode."""
-        self.features.load(lo, hi)
-        if k not in self.after:
-            return
-        if self.supply.has(self.after[k]):
-            self.features.read_ahead(*self.plan.bounds(self.after[k]))
-        else:
-            self.supply.ahead(self.after[k])
-
     def video_res(self, state: dict, logits: list):
         """The frame's mask logits at the video's size, as (first slot, (n, 1, H, W))
         pieces. Objects tracked together go through SAM 2's `_get_orig_video_res_output` as
@@ -431,25 +389,6 @@ class Tracker:
             return
         video_res = torch.cat(list(rows), dim=0)
         yield 0, self.predictor._apply_non_overlapping_constraints(video_res)
-
-    def write(self, k, lo, packed, scores, areas, mine, snapshot) -> None:
-        """Write the chunk's results (masks from `packed`, unpacked one zarr chunk, so one
-        object, at a time; scores; areas, each mask's pixel count) and its memory
-        `snapshot`, commit it, and hand it to `on_commit` (behind the tracking: `run`)."""
-        idx = np.nonzero(mine)[0]
-        if len(idx):
-            a, b = lo + idx[0], lo + idx[-1] + 1  # owned frames are contiguous
-            s0, s1 = self.slots[0], self.slots[-1] + 1  # the group's zarr chunks alone
-            write_packed(self.store, a, b, packed[idx[0] : idx[-1] + 1], s0)
-            # areas before scores: a reader of scores, then areas (the studio's flags), never
-            # sees a frame's new score beside its area not yet written
-            self.store.array("object_areas")[a:b, s0:s1] = areas[idx[0] : idx[-1] + 1]
-            self.store.array("object_scores")[a:b, s0:s1] = scores[idx[0] : idx[-1] + 1]
-            self.store.array("tracked")[a:b, s0:s1] = True
-        written = self.memstore.write_snapshot(k, snapshot)
-        self.store.commit_objects(self.direction, k, self.slots, list(TRACK_ARRAYS), written)
-        if self.on_commit is not None:
-            self.on_commit(self.direction, k)
 
 
 def chunk_scores(frame_scores: dict, frames: list[int], lo: int, hi: int, O: int) -> np.ndarray:
