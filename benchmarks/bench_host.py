@@ -131,8 +131,8 @@ class Timers:
 def segpipe_steps(timers: Timers) -> None:
     """Timers around segpipe's host steps."""
     from segpipe import fsutil
-    from segpipe.sources import frames
     from segpipe.models.sam2 import frames as sam2_frames
+    from segpipe.sources import frames
     from segpipe.stages import alongside, decode, encode
     from segpipe.stages.export import as_tracked
     from segpipe.stages.track import memory, stage, supply, tracker

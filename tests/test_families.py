@@ -121,9 +121,7 @@ def test_killed_mid_tracking_then_rerun_under_keep_masks(small, oracles, tmp_pat
     assert_tracked_as_sam2(store, oracle, "both")
 
 
-def test_repair_finds_a_damaged_memory_chunk_and_nothing_in_a_whole_store(
-    small, oracles, tmp_path
-):
+def test_repair_finds_a_damaged_memory_chunk_and_nothing_in_a_whole_store(small, oracles, tmp_path):
     """A whole store: no damage. A chunk of the session memory removed: found, its pass
     redone from there, the masks transformers' again."""
     prompts, oracle = oracles["edgetam", "all"]
