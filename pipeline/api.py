@@ -17,8 +17,17 @@ from typing import Sequence
 from segpipe import defaults, log
 from segpipe.errors import BadInput
 from segpipe.estimate import Later
+from segpipe.models.registry import family_of
 from segpipe.results import Run
-from segpipe.settings import Decoding, Encoding, Execution, Output, Settings, Tracking
+from segpipe.settings import (
+    DEFAULTS,
+    Decoding,
+    Encoding,
+    Execution,
+    Output,
+    Settings,
+    Tracking,
+)
 from segpipe.space import SpaceGuard
 from segpipe.store.layout import export_folder  # noqa: F401 - segpipe.api.export_folder
 from segpipe.store.runstore import RunStore
@@ -330,7 +339,15 @@ def dataset(
     encoding = (encoding or Encoding()).check().filled()
     execution = (execution or Execution()).check()
     decoding = defaults.sized((decoding or Decoding()).check(), encoding, execution, "dataset")
-    options = Options(vos or VosInference(), decoding, encoding, execution)
+    vos = vos or VosInference()
+    family = family_of(encoding.model)
+    family.check_size(encoding.model, decoding.image_size or DEFAULTS["image_size"])
+    if family.session_tracker and not vos.per_obj_png_file:
+        raise BadInput(
+            f"{encoding.model}: vos_inference's one mask per pixel (non-overlap) is SAM 2's "
+            f"alone so far: give per-object masks with --per-obj-png-file"
+        )
+    options = Options(vos, decoding, encoding, execution)
     paths = [base_video_dir, input_mask_dir, encoding.checkpoint]
     with connect(execution, paths=paths) as cluster:
         return run_dataset(

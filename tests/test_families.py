@@ -11,10 +11,13 @@ import json
 import threading
 from pathlib import Path
 
+import make_sample
+import numpy as np
 import pytest
 from conftest import assert_user_error, ledger_records, run_code, segpipe, tree_digest
 from hf_oracle import hf_model, hf_oracle, hf_prompted
 from oracle import assert_tracked_as_sam2
+from PIL import Image
 
 from segpipe.models.hf.configs import edgetam_config, sam3_tracker_config
 from segpipe.store.runstore import RunStore
@@ -156,23 +159,27 @@ def test_what_transformers_families_do_not_do_is_refused_before_any_write(small,
         proc = segpipe("track", "--store", store, "--prompts", points, *option)
         assert_user_error(proc, " ".join(option[:2]) if option is own else option[0], "alone")
     assert tree_digest(store) == before
+    # `run` says so before it decodes, and so for a size the model cannot take
+    fresh = tmp_path / "new.zarr"
+    mask = run_args(small, fresh, small / "prompts.json", "edgetam", 4)
+    assert_user_error(segpipe(*mask), "mask prompt beside other objects")
+    size = [*run_args(small, fresh, points, "edgetam", 4), "--image-size", 128]
+    assert_user_error(segpipe(*size), "at least 256")
+    assert not fresh.exists()
 
 
 def test_a_store_of_one_family_refuses_another(small, tmp_path):
+    """A store encoded by SAM 3's tracker refuses SAM 2 and EdgeTAM, and an unknown model is
+    named: one line each, the store as it was."""
     store = tmp_path / "s.zarr"
     segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 112, check=True)
-    segpipe(
-        "encode",
-        "--store",
-        store,
-        "--model",
-        "sam3-tracker-mini",
-        "--random-weights",
-        0,
-        check=True,
-    )
-    proc = segpipe("encode", "--store", store, "--model", "sam2.1_hiera_t", "--random-weights", 0)
-    assert_user_error(proc, "model name")
+    encode = ("encode", "--store", store, "--random-weights", 0, "--model")
+    segpipe(*encode, "sam3-tracker-mini", check=True)
+    before = tree_digest(store)
+    for other in ("sam2.1_hiera_t", "edgetam-mini"):
+        assert_user_error(segpipe(*encode, other), "model name")
+    assert_user_error(segpipe(*encode, "no-such-tracker"), "no-such-tracker")
+    assert tree_digest(store) == before
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -267,3 +274,29 @@ def test_a_gated_repository_without_a_login_says_how_to_log_in(small, tmp_path):
         assert tree_digest(store) == before
     finally:
         server.shutdown()
+
+
+def test_a_dataset_with_per_object_masks_and_vos_inferences_non_overlap_refused(tmp_path):
+    """`segpipe dataset` over a JPEG-folder video with SAM 3's tracker: per-object PNGs for
+    every object and frame; without --per-obj-png-file (vos_inference's non-overlap, SAM 2's
+    alone) one line before any video."""
+    frames, masks = make_sample.make_clip(num_frames=8, width=80, height=60, seed=1)
+    video = tmp_path / "JPEGImages" / "v1"
+    video.mkdir(parents=True)
+    for t, frame in enumerate(frames):
+        Image.fromarray(frame).save(video / f"{t:05d}.jpg", quality=90)
+    for o in range(3):
+        folder = tmp_path / "PerObject" / "v1" / f"{o + 1:03d}"
+        folder.mkdir(parents=True)
+        Image.fromarray(masks[0, o].astype(np.uint8) * 255).save(folder / "00000.png")
+    args = [
+        "dataset", "--base-video-dir", tmp_path / "JPEGImages", "--input-mask-dir",
+        tmp_path / "PerObject", "--output-mask-dir", tmp_path / "out", "--work-dir",
+        tmp_path / "work", "--image-size", 112, "--random-weights", 0, "--model",
+        "sam3-tracker-mini",
+    ]  # fmt: skip
+    assert_user_error(segpipe(*args), "--per-obj-png-file")
+    assert not (tmp_path / "work").exists()
+    segpipe(*args, "--per-obj-png-file", check=True)
+    for o in ("001", "002", "003"):
+        assert len(list((tmp_path / "out" / "v1" / o).glob("*.png"))) == 8
