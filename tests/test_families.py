@@ -95,23 +95,30 @@ kill_points.mid_write(sys.argv[1], int(sys.argv[2]))
 kill_points.cli(sys.argv[3:])
 """
 
-# where each family's kill lands: halfway through writing a pass's memory snapshot, the
-# chunks before it committed. EdgeTAM: the forward pass's 4th chunk (frames 17..19 from a
-# prompt on frame 5: the rerun restores the snapshot after frame 15, which holds mask
-# memories for 10..15 and pointers alone for 6..9). SAM 3's tracker: the reverse pass's 2nd
-# chunk (the rerun restores the snapshot after frames 5..4, which holds the outputs the
-# prompts' model calls left on frames 8 and 11, read by a reverse pass).
-KILLS = {"edgetam": ("forward", 4), "sam3-tracker": ("reverse", 2)}
+# Where a kill lands: halfway through writing the nth chunk of a pass's memory snapshot, the
+# chunks before it committed; the rerun restores the snapshot before it.
+# - EdgeTAM, forward, 4th chunk (frames 16..19 from a prompt on frame 5): the snapshot after
+#   frame 15 holds mask memories for 10..15 and pointers alone for 6..9.
+# - EdgeTAM, one object by a mask on frame 11, forward, 2nd chunk: the snapshot after the
+#   first (frames 8..11) holds nothing in reach but the prompted output (a mask prompt's,
+#   its score in EdgeTAM's other shape).
+# - SAM 3's tracker, reverse, 2nd chunk: the snapshot after frames 5..4 holds the outputs
+#   the prompts' model calls left on frames 8 and 11, which a reverse pass reads.
+KILLS = {
+    "edgetam": ("edgetam", "all", "forward", 4),
+    "edgetam-mask": ("edgetam", "mask", "forward", 2),
+    "sam3-tracker": ("sam3-tracker", "all", "reverse", 2),
+}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_killed_mid_tracking_then_rerun_under_keep_masks(small, oracles, tmp_path, family):
+@pytest.mark.parametrize("kill", list(KILLS))
+def test_killed_mid_tracking_then_rerun_under_keep_masks(small, oracles, tmp_path, kill):
     """Killed halfway through writing a chunk's memory, then run again: the chunks
     committed before the kill are not tracked again, and the result is transformers'."""
-    prompts, oracle = oracles[family, "all"]
+    family, which, direction, nth = KILLS[kill]
+    prompts, oracle = oracles[family, which]
     store = tmp_path / "s.zarr"
     args = run_args(small, store, prompts, family, 4, "--keep", "masks")
-    direction, nth = KILLS[family]
     killed = run_code(KILL, f"memory/{direction}/session/recent_frame", nth, *args)
     assert killed.returncode == -9, killed.stderr
     ledger = RunStore.open(store).pass_ledger(direction)
@@ -125,8 +132,13 @@ def test_killed_mid_tracking_then_rerun_under_keep_masks(small, oracles, tmp_pat
 
 
 def test_repair_finds_a_damaged_memory_chunk_and_nothing_in_a_whole_store(small, oracles, tmp_path):
-    """A whole store: no damage. A chunk of the session memory removed: found, its pass
-    redone from there, the masks transformers' again."""
+    """A whole store: no damage (one whose first forward chunk had nothing in reach either).
+    A chunk of the session memory removed: found, its pass redone from there, the masks
+    transformers' again."""
+    quiet = tmp_path / "mask.zarr"
+    segpipe(*run_args(small, quiet, oracles["edgetam", "mask"][0], "edgetam", 4), check=True)
+    proc = segpipe("repair", "--store", quiet, check=True)
+    assert "no damage found" in proc.stderr, proc.stderr
     prompts, oracle = oracles["edgetam", "all"]
     store = tmp_path / "s.zarr"
     segpipe(*run_args(small, store, prompts, "edgetam", 4), check=True)

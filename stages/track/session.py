@@ -372,16 +372,16 @@ class SessionMemory:
             self._put("recent_frame", chunk, frame),
             self._put("recent_memory", chunk, memory),
         ]
-        for key in STORED:
-            arr = self.store.array(self.path(f"recent_{key}"))
-            if key not in datas and arr is not None:  # none in reach: the row still written
-                datas[key] = np.zeros((1, *arr.shape[1:]), np.uint8)
-            if key in datas:
-                written.append(self._put(f"recent_{key}", chunk, datas[key], kinds.get(key)))
+        for key in STORED:  # every array, every chunk: a row with nothing in reach is zeros
+            if key not in datas:  # (as wide as a prompted output: the same tensors)
+                width = self.store.array(self.path(f"prompted_{key}")).shape[-1]
+                datas[key] = np.zeros((1, self.objects, W, width), np.uint8)
+            written.append(self._put(f"recent_{key}", chunk, datas[key], kinds.get(key)))
         return written
 
     def _put(self, name: str, chunk: int, data: np.ndarray, attrs: dict | None = None) -> str:
-        """Chunk `chunk`'s row of array `name` (made at its first write)."""
+        """Chunk `chunk`'s row of array `name` (made at its first write; `attrs`, the
+        tensors' dtype and shape, recorded once known: before the first row holding one)."""
         path = self.path(name)
         arr = self.store.array(path)
         if arr is None:
@@ -393,6 +393,8 @@ class SessionMemory:
                 fill_value=-1 if data.dtype == np.int32 else 0,
                 attributes=attrs,
             )
+        elif attrs is not None and not arr.attrs.get("dtype"):
+            arr.attrs.update(attrs)
         elif attrs is not None and dict(arr.attrs) != attrs:
             raise AssertionError(f"{path}: {dict(arr.attrs)} stored, {attrs} now")
         arr[chunk : chunk + 1] = data
