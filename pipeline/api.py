@@ -338,15 +338,17 @@ def dataset(
 
     encoding = (encoding or Encoding()).check().filled()
     execution = (execution or Execution()).check()
-    decoding = defaults.sized((decoding or Decoding()).check(), encoding, execution, "dataset")
-    vos = vos or VosInference()
-    family = family_of(encoding.model)
-    family.check_size(encoding.model, decoding.image_size or DEFAULTS["image_size"])
+    vos, family = vos or VosInference(), family_of(encoding.model)
     if family.session_tracker and not vos.per_obj_png_file:
         raise BadInput(
             f"{encoding.model}: vos_inference's one mask per pixel (non-overlap) is SAM 2's "
             f"alone so far: give per-object masks with --per-obj-png-file"
         )
+    decoding = (decoding or Decoding()).check()
+    if decoding.image_size is not None:  # before any download
+        family.check_size(encoding.model, decoding.image_size)
+    decoding = defaults.sized(decoding, encoding, execution, "dataset")
+    family.check_size(encoding.model, decoding.image_size or DEFAULTS["image_size"])
     options = Options(vos, decoding, encoding, execution)
     paths = [base_video_dir, input_mask_dir, encoding.checkpoint]
     with connect(execution, paths=paths) as cluster:

@@ -87,10 +87,10 @@ def sized(decoding: Decoding, encoding: Encoding, execution: Execution, command:
     if decoding.image_size is not None:
         return decoding
     weights = resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
-    size = trained_size(weights) or family_of(encoding.model or DEFAULTS["model"]).native_size
+    native = family_of(encoding.model or DEFAULTS["model"]).native_size
+    size, why = trained_size(weights), "the size these weights were trained at"
+    if size is None and native is not None:
+        size, why = native, f"{encoding.model}'s own input size"
     if size is not None and size != COMMAND_LINE["image_size"]:
-        log.info(
-            f"{command}: --image-size {size}, the size these weights were trained at",
-            execution.quiet,
-        )
+        log.info(f"{command}: --image-size {size}, {why}", execution.quiet)
     return replace(decoding, image_size=size)

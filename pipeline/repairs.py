@@ -114,28 +114,43 @@ def _scan_pass(store: RunStore, plan: ChunkPlan, track: dict, d: str, found: lis
     """Scan pass `d` object by object (each has its own ledger, memory and zarr chunks of the
     results: groups of objects commit apart): its prompted memory, and its done chunks'
     results and memory. A damaged chunk of the results holds both passes' frames: it is
-    redone in both, for that object."""
+    redone in both, for that object. A family tracked in its own session keeps every
+    object's memory in one set of arrays: read once, a damaged chunk redone for all."""
     chunks = Span.of(track, plan.num_frames).chunks(plan, d)
-    session = family_of(store.attrs["model"]["name"]).session_tracker
+    shared = None
+    if family_of(store.attrs["model"]["name"]).session_tracker:  # its chunks any object did
+        done = [store.ledger(object_stage(d, s)).done() for s in range(len(track["object_ids"]))]
+        some = [k for k in chunks if any(k < len(x) and x[k] for x in done)]
+        memory = [session_arrays(store, d, kind) for kind in ("prompted", "recent")]
+        shared = _scan_memory(store, some, *memory, found)
     for s in range(len(track["object_ids"])):
         stage = object_stage(d, s)
         done = store.ledger(stage).done()
         mine = [k for k in chunks if k < len(done) and done[k]]
-        if session:  # every object's memory in one set of arrays
-            prompted, recent = (session_arrays(store, d, kind) for kind in ("prompted", "recent"))
-        else:
-            prompted = [n for n in memory_arrays(d, s, "prompted") if store.array(n) is not None]
-            recent = memory_arrays(d, s, "recent")
-        if not all([_check(store, n, 0, found) for n in prompted]):
+        prompted_bad, recent_bad = shared or _scan_memory(
+            store,
+            mine,
+            [n for n in memory_arrays(d, s, "prompted") if store.array(n) is not None],
+            memory_arrays(d, s, "recent"),
+            found,
+        )
+        if prompted_bad:
             redo.setdefault(stage, set()).update(mine)
         for k in mine:
             results = [_check(store, n, k, found, slot=s) for n in TRACK_ARRAYS]
-            if not all(results + [_check(store, n, k, found) for n in recent]):
+            if not all(results) or k in recent_bad:
                 redo.setdefault(stage, set()).add(k)
             if not all(results):
                 for other in passes(track["direction"]):
                     if store.ledger(object_stage(other, s)).is_done(k):
                         redo.setdefault(object_stage(other, s), set()).add(k)
+
+
+def _scan_memory(store: RunStore, chunks, prompted: list, recent: list, found: list):
+    """(whether a prompted array is damaged, the chunks of `chunks` whose snapshot is)."""
+    prompted_bad = not all([_check(store, n, 0, found) for n in prompted])
+    recent_bad = {k for k in chunks if not all([_check(store, n, k, found) for n in recent])}
+    return prompted_bad, recent_bad
 
 
 @holds_store_lock

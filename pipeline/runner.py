@@ -36,7 +36,7 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     """`settings` checked (and the prompts against the source), before anything is
     written; then resolved (`defaults.resolve`: the store's where not given) and sized
     (`defaults.sized`: a new store at the size the weights were trained at)."""
-    from segpipe.model import resolve_weights
+    from segpipe.model import resolve_weights, trained_size
     from segpipe.stages.export.formats import run_formats
 
     decoding, encoding = settings.decoding.check(), settings.encoding.check()
@@ -51,16 +51,21 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     decoding, encoding, output = defaults.resolve(
         store, "run", execution.quiet, decoding, encoding, output
     )
-    if decoding.image_size is None:  # (`sized` finds the weights: none, said now)
-        decoding = defaults.sized(decoding, encoding, execution, "run")
-    else:  # no weights: said now, before anything is written
-        resolve_weights(encoding.model, encoding.checkpoint, encoding.random_weights)
-    family = family_of(encoding.model)
-    family.check_size(encoding.model, decoding.image_size or DEFAULTS["image_size"])
+    model = encoding.model
     if loaded is not None:  # what the family's tracking refuses, said before the decode
         t = settings.tracking
         asked = {"non_overlap": t.non_overlap, "object_start": t.object_start}
-        check_family(encoding.model, loaded, {**asked, "object_batch": t.object_batch or 1})
+        check_family(model, loaded, {**asked, "object_batch": t.object_batch or 1})
+    if decoding.image_size is not None:  # before any download
+        family_of(model).check_size(model, decoding.image_size)
+    # (`sized` finds the weights: none, said now, before anything is written)
+    weights = resolve_weights(model, encoding.checkpoint, encoding.random_weights)
+    decoding = defaults.sized(decoding, encoding, execution, "run")
+    size = decoding.image_size or DEFAULTS["image_size"]
+    family_of(model).check_size(model, size)
+    made_at = trained_size(weights)
+    if family_of(model).session_tracker and made_at not in (None, size):
+        raise BadInput(f"{model}'s checkpoint is made for --image-size {made_at}, not {size}")
     return Settings(decoding, encoding, settings.tracking, output, execution)
 
 

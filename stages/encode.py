@@ -17,7 +17,7 @@ import torch
 
 from segpipe import environment, log
 from segpipe.behind import Behind
-from segpipe.errors import StoreMismatch
+from segpipe.errors import BadInput, StoreMismatch
 from segpipe.model import (
     autocast,
     check_model,
@@ -30,6 +30,7 @@ from segpipe.model import (
     resolve_weights,
     trained_size,
 )
+from segpipe.models.registry import family_of
 from segpipe.plan import ChunkPlan
 from segpipe.settings import Encoding, Execution
 from segpipe.store.features import (
@@ -81,7 +82,7 @@ def encode(
         e.batch_size,
         e.embedding_dtype,
     )
-    weights = resolve_weights(model, checkpoint, e.random_weights)
+    weights = _weights(store, model, checkpoint, e.random_weights)
     precision = precision_of(e.precision, store, _device_type(device, predictor, cluster), model)
     spec = model_spec(store, model, weights, embedding_dtype, precision)
     plan = ChunkPlan(T, store.chunk_size)
@@ -111,6 +112,21 @@ def encode(
     _encode_chunks(store, predictor, plan, todo, batch_size, embedding_dtype, precision, quiet)
     log.result(f"encode: {T} frames embedded in {store.path}", quiet)
     return store
+
+
+def _weights(store: RunStore, model: str, checkpoint, random_weights):
+    """`model`'s weights, its input size checked against the store's first (before any
+    download or record), and a transformers checkpoint's own size after."""
+    family = family_of(model)
+    family.check_size(model, store.image_size)
+    weights = resolve_weights(model, checkpoint, random_weights)
+    made_at = trained_size(weights)
+    if family.session_tracker and made_at not in (None, store.image_size):
+        raise BadInput(
+            f"{model}'s checkpoint is made for --image-size {made_at}, not the store's "
+            f"{store.image_size}"
+        )
+    return weights
 
 
 def _device_type(device: str, predictor, cluster) -> str:

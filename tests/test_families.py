@@ -182,9 +182,9 @@ def test_what_transformers_families_do_not_do_is_refused_before_any_write(small,
 
 def test_a_store_of_one_family_refuses_another(small, tmp_path):
     """A store encoded by SAM 3's tracker refuses SAM 2 and EdgeTAM, and an unknown model is
-    named: one line each, the store as it was."""
+    named: one line each, the store as it was. (448: a size each of them takes.)"""
     store = tmp_path / "s.zarr"
-    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 112, check=True)
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", 448, check=True)
     encode = ("encode", "--store", store, "--random-weights", 0, "--model")
     segpipe(*encode, "sam3-tracker-mini", check=True)
     before = tree_digest(store)

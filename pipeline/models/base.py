@@ -58,10 +58,9 @@ class ModelFamily:
     """A model family: its models, and for each, the weights, the predictor, the image
     encoder's features and the sizes. Capability flags say what segpipe may do with it.
 
-    What is not behind this interface yet: the tracking step and the memory snapshot's
-    layout (`stages/track`, SAM 2's own, which every model of `sam2` shares), and the
-    frames' normalisation (`stages.encode.preprocess`, SAM 2's). A second family brings
-    its own there (see docs/architecture.md)."""
+    The tracking step and the memory snapshot's layout are per kind of tracker, not per
+    family: SAM 2's predictor (`stages/track/tracker.py`) or a transformers session
+    (`stages/track/session.py`, `session_tracker`); see docs/architecture.md."""
 
     name: str = ""
     models: tuple[str, ...] = ()

@@ -47,9 +47,10 @@ def _spread(config, std: float):
 
 
 def edgetam_config(image_size: int, mini: bool):
-    """EdgeTAM's video config at `image_size` (a multiple of 16). Its transformers default
-    vision encoder is SAM 2's Hiera (the RepViT of facebook's checkpoint needs timm, which
-    needs torchvision): `--checkpoint` brings the checkpoint's own."""
+    """EdgeTAM's video config at `image_size` (a multiple of 16), with SAM 2.1 tiny's Hiera
+    as its vision encoder, as transformers' `EdgeTamVideoConfig` defaults to (the RepViT of
+    facebook's checkpoint needs timm, which needs torchvision): `--checkpoint` brings the
+    checkpoint's own."""
     from transformers import EdgeTamVideoConfig
 
     small = EDGETAM_MINI if mini else {}

@@ -115,9 +115,10 @@ class HfVideo(ModelFamily):
 
     def check_size(self, model, image_size):
         if image_size % self.multiple or image_size < self.smallest:
+            least = f"of at least {self.smallest} " if self.smallest else ""
             raise BadInput(
-                f"{model} takes image sizes of at least {self.smallest} that are multiples "
-                f"of {self.multiple} (--image-size)"
+                f"{model} takes image sizes {least}that are multiples of {self.multiple}, "
+                f"not {image_size}"
             )
 
     def preprocess(self, frames, device=None):
@@ -158,7 +159,7 @@ class EdgeTam(HfVideo):
     name = "edgetam"
     models = ("edgetam", "edgetam-mini")
     model_types = ("edgetam_video",)
-    hub = "facebook/EdgeTAM"
+    hub = "yonigozlan/EdgeTAM-hf"  # the checkpoint transformers' own docs name
     native_size = 1024
     # transformers 5.23: EdgeTAM's mask-prompted output has a (1, 1) score where a tracked
     # object's is (1, 1, 1): its forward cannot concatenate a frame holding both
