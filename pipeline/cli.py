@@ -346,7 +346,6 @@ def encode(store, **options):
     Example:
       segpipe encode --store clip.zarr --model segpipe_tiny
       segpipe encode --store frames.zarr --model segpipe_tiny --workers 2
-      segpipe encode --store clip.zarr --model sam3-tracker --checkpoint hf:facebook/sam3
     """
     with writing(store):
         api.encode(store, **from_options(options, Encoding, Execution))

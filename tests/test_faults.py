@@ -22,6 +22,7 @@ from conftest import (
     popen_segpipe,
     require_root,
     run_args,
+    run_code,
     run_in_process,
     segpipe,
     spawn,
@@ -363,3 +364,26 @@ def test_a_chunk_is_written_while_the_next_is_tracked(small, reference, tmp_path
 def store_plan_bounds(k: int) -> tuple[int, int]:
     """Frames of chunk k in `run_args`' chunks of 4."""
     return 4 * k, 4 * k + 4
+
+
+UNLINK = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+
+kill_points.at_unlink(1, sys.argv[1])
+kill_points.cli(sys.argv[2:])
+"""
+
+
+def test_kill_9_while_the_overlays_parts_are_removed_then_rerun(small, reference, tmp_path):
+    """Killed at the first removal of the overlay's parts (its record already says complete),
+    then run again: the parts are gone and the exports equal an uninterrupted run's."""
+    store = tmp_path / "run.zarr"
+    parts = tmp_path / "run.export" / ".overlay.mp4.parts"
+    killed = run_code(UNLINK, parts, *run_args(small, store))
+    assert killed.returncode == -9, killed.stderr
+    assert parts.is_dir() and (tmp_path / "run.export" / "overlay.mp4").is_file()
+    run_in_process(small, store)
+    assert not parts.exists()
+    assert export_files(store) == export_files(reference)

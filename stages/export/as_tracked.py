@@ -12,6 +12,7 @@ import numpy as np
 from segpipe import log
 from segpipe.plan import Span, passes
 from segpipe.stages.export.stage import Export
+from segpipe.stages.export.writers import remove_parts
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import stored_track
 
@@ -80,7 +81,9 @@ class ExportsAsTracked:
         if self.cluster is not None:  # what is left goes to the workers; the finish is here
             self.cluster.export_rest(self.open(), self.requests, quiet)
         for job in self.open():
-            if not job.complete:
+            if job.complete:  # what a kill between its record and the parts' removal left
+                remove_parts(job.out)
+            else:
                 self.worked = True
                 job.run(quiet)
                 log.result(f"export {job.fmt}: {job.out}", quiet)
