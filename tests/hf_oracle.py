@@ -58,7 +58,7 @@ def pixel_values(frames: np.ndarray, family: str) -> torch.Tensor:
     mean = torch.tensor(mean) * (1.0 / (1 / 255))
     std = torch.tensor(std) * (1.0 / (1 / 255))
     x = torch.from_numpy(frames).permute(0, 3, 1, 2).to(torch.float32)
-    return (x - mean[:, None, None]) / std[:, None, None]
+    return ((x - mean[:, None, None]) / std[:, None, None]).contiguous()  # as processors give
 
 
 def processor(family: str, image_size: int):
