@@ -63,8 +63,9 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     decoding = defaults.sized(decoding, encoding, execution, "run")
     size = decoding.image_size or DEFAULTS["image_size"]
     family_of(model).check_size(model, size)
-    made_at = trained_size(weights)
-    if family_of(model).session_tracker and made_at not in (None, size):
+    # (a transformers checkpoint's config says its size; SAM 2's checkpoint is not opened)
+    made_at = trained_size(weights) if family_of(model).session_tracker else None
+    if made_at not in (None, size):
         raise BadInput(f"{model}'s checkpoint is made for --image-size {made_at}, not {size}")
     return Settings(decoding, encoding, settings.tracking, output, execution)
 

@@ -120,8 +120,8 @@ def _weights(store: RunStore, model: str, checkpoint, random_weights):
     family = family_of(model)
     family.check_size(model, store.image_size)
     weights = resolve_weights(model, checkpoint, random_weights)
-    made_at = trained_size(weights)
-    if family.session_tracker and made_at not in (None, store.image_size):
+    made_at = trained_size(weights) if family.session_tracker else None
+    if made_at not in (None, store.image_size):
         raise BadInput(
             f"{model}'s checkpoint is made for --image-size {made_at}, not the store's "
             f"{store.image_size}"
