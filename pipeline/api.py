@@ -266,7 +266,8 @@ def run(
     execution = settings.execution
     space = SpaceGuard(
         store,
-        ("decode", "encode") + (("track",) if prompts is not None else ()),
+        ("decode", "encode")
+        + (("track",) if prompts is not None or settings.tracking.concepts else ()),
         "run",
         Later.of(settings, prompts),
         enabled=execution.space_check,

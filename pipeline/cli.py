@@ -157,6 +157,16 @@ DIRECTION = click.option(
 )
 
 
+CONCEPT = click.option(
+    "--concept",
+    "concepts",
+    multiple=True,
+    metavar="PHRASE",
+    help="Find and track every instance of PHRASE (a short noun phrase: fish, cell, "
+    "person) with SAM 3's concept model (--model sam3-video), forward from frame 0; "
+    "repeat for several. New instances get new ids as they appear.",
+)
+
 WINDOW = click.option(
     "--frames",
     default=None,
@@ -373,6 +383,7 @@ def encode(store, **options):
 )
 @DIRECTION
 @WINDOW
+@CONCEPT
 @mask_options
 @CHECKPOINT
 @DEVICE
@@ -391,11 +402,12 @@ def track(store, prompts, labels, **options):
       segpipe track --store clip.zarr --prompts prompts.json --direction both
       segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2 --groups 3
       segpipe track --store clip.zarr --labels names.json
+      segpipe track --store cells.zarr --concept cell
     """
     with writing(store):
         named = None if labels is None else load_labels(labels)  # checked before any write
         settings = from_options(options, Tracking, Encoding, Execution)
-        if named is None or prompts is not None:
+        if named is None or prompts is not None or options["concepts"]:
             api.track(store, prompts, **settings)
         if named is not None:  # (without --prompts, the names alone: nothing is tracked)
             api.label(store, list(named.values()))
@@ -480,6 +492,7 @@ def export(store, fmt, out, **options):
 @encode_options
 @DIRECTION
 @WINDOW
+@CONCEPT
 @mask_options
 @click.option(
     "--keep",
@@ -526,6 +539,8 @@ def run(video, store, prompts, exports, **options):
           --keep masks --chunk-size 4
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --model segpipe_tiny \\
           --workers 2
+      segpipe run fish.mp4 --store fish.zarr --concept fish --model sam3-video \\
+          --checkpoint hf:facebook/sam3
     """
     formats = (
         None
@@ -536,7 +551,7 @@ def run(video, store, prompts, exports, **options):
     )
     with writing(store):
         api.run(video, store, prompts, **from_options(dict(options, exports=formats)))
-    if prompts is None and not options["quiet"]:
+    if prompts is None and not options["concepts"] and not options["quiet"]:
         click.echo(
             f"run: no --prompts, so the video is decoded and encoded but not tracked; "
             f"to track, add --prompts PROMPTS.json (or run `segpipe track --store "

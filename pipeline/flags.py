@@ -31,7 +31,7 @@ import numpy as np
 from segpipe.errors import DamagedStore, StoreNotReady
 from segpipe.store.masks import chunk_files, mask_batches, read_masks
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import stored_settings
+from segpipe.store.tracking import stored_settings, tracked_ids
 
 MEDIAN_WINDOW = 30  # present frames the running median of an area looks back over
 MEDIAN_LEAST = 3  # ... of which at least this many, before an area is compared with it
@@ -300,5 +300,5 @@ def of_store(store: RunStore, measures: Measures | None = None) -> list[Flag]:
         measures = cache.measured(store)
     video = store.attrs["video"]
     return detect(
-        scores, areas, measures, list(settings["object_ids"]), video["width"] * video["height"]
+        scores, areas, measures, tracked_ids(store, settings), video["width"] * video["height"]
     )

@@ -63,7 +63,9 @@ class Run:
     @property
     def object_ids(self) -> list[int]:
         """The tracked objects' ids, in the order of the masks' object axis."""
-        return list(self._tracking()["object_ids"])
+        from segpipe.store.tracking import tracked_ids
+
+        return tracked_ids(self._store, self._tracking())
 
     def flags(self) -> list:
         """Where each object may be lost (`segpipe.flags.Flag`: object, frame, kind, reason),
@@ -167,7 +169,9 @@ class Run:
         return np.arange(T)[frames]
 
     def _slots(self, objects, store: RunStore) -> list[int]:
-        ids = list(self._tracking(store)["object_ids"])
+        from segpipe.store.tracking import tracked_ids
+
+        ids = tracked_ids(store, self._tracking(store))
         if objects is None:
             return list(range(len(ids)))
         if isinstance(objects, (int, np.integer)):

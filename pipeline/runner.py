@@ -45,6 +45,8 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     if execution.on_dask:
         refuse_on_dask(output.keep)
     loaded = None
+    if settings.tracking.concepts:
+        check_concepts(prompts, settings.tracking)
     if prompts is not None:
         args = (decoding.stream, decoding.fps, store)
         loaded = check_prompts(video, prompts, output.exports, *args)
@@ -52,6 +54,8 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
         store, "run", execution.quiet, decoding, encoding, output
     )
     model = encoding.model
+    if settings.tracking.concepts and not family_of(model).detects:
+        raise BadInput(f"{model} has no detector: concept prompts need --model sam3-video")
     if loaded is not None:  # what the family's tracking refuses, said before the decode
         t = settings.tracking
         asked = {"non_overlap": t.non_overlap, "object_start": t.object_start}
@@ -77,14 +81,15 @@ def run(video, store, prompts, settings: Settings, space, cluster) -> None:
 
     output, execution = settings.output, settings.execution
     quiet = execution.quiet
-    write_frames = _frames_written(output.keep) if prompts is not None else None
+    tracking = prompts is not None or bool(settings.tracking.concepts)
+    write_frames = _frames_written(output.keep) if tracking else None
     alongside = _decoded(video, store, settings, prompts, cluster, space, write_frames)
     try:
         set_keep(RunStore.open(store), output.keep)
         if prompts is not None:  # the frame range too, now that it is known, before encoding
             alongside = _frames_checked(store, prompts, alongside, quiet)
         encoding = (settings.encoding, settings.execution)
-        if prompts is None:
+        if not tracking:
             encode_stage(store, *encoding, space=space, cluster=cluster)
             return
         # the model, checked and recorded (on Dask, every chunk encoded: the workers have
@@ -101,6 +106,17 @@ def run(video, store, prompts, settings: Settings, space, cluster) -> None:
     finally:
         if alongside is not None:
             alongside.close()
+
+
+def check_concepts(prompts, tracking) -> None:
+    """A concept tracking's settings checked before anything is written."""
+    if prompts is not None:
+        raise BadInput(
+            "--concept and --prompts in one tracking are not supported yet: track the "
+            "concepts, then click objects in another store"
+        )
+    if not all(str(c).strip() for c in tracking.concepts):
+        raise BadInput("--concept is empty: name what to find, e.g. --concept fish")
 
 
 def _decoded(video, store, settings: Settings, prompts, cluster, space, write_frames):

@@ -94,10 +94,15 @@ class Tracking:
     score_threshold: float | None = None
     object_start: str | None = None
     object_batch: int | None = None
+    # noun phrases whose every instance SAM 3's concept model finds and tracks
+    # (`stages.track.concepts`): forward from frame 0, over the whole video
+    concepts: tuple = ()
 
     def resolve(self, store: "RunStore", prompts: list | None) -> "ResolvedTracking":
         """Given, else the store's, else the default; checked against the video and (the
         window) against the passes from the earliest of `prompts`."""
+        if self.concepts:
+            return self._resolve_concepts(store)
         from segpipe.store.tracking import (
             DIRECTIONS,
             OPTIONS,
@@ -119,15 +124,38 @@ class Tracking:
         )
         return ResolvedTracking(direction, options, window)
 
+    def _resolve_concepts(self, store: "RunStore") -> "ResolvedTracking":
+        """A concept tracking's: forward from frame 0 over the whole video (transformers'
+        `Sam3VideoModel` propagates so), SAM 2's options as recorded, unused."""
+        from segpipe.store.tracking import resolve_options
+
+        concepts = tuple(str(c).strip() for c in self.concepts)
+        if not all(concepts):
+            raise BadInput("--concept is empty: name what to find, e.g. --concept fish")
+        if len(set(concepts)) < len(concepts):
+            raise BadInput("a --concept is given twice")
+        if self.direction not in (None, "forward"):
+            raise BadInput("concept prompts track forward from frame 0 (--direction forward)")
+        if self.frames is not None:
+            raise BadInput("concept prompts track the whole video (no --frames)")
+        for name in ("non_overlap", "object_start", "object_batch"):
+            if getattr(self, name) not in (None, False, 1, "first"):
+                raise BadInput(f"--{name.replace('_', '-')} is SAM 2's, not for concept prompts")
+        given = {k: getattr(self, k) for k in ("postprocessing", "score_threshold")}
+        options = resolve_options(store, "forward", given)
+        return ResolvedTracking("forward", options, None, concepts)
+
 
 @dataclass(frozen=True)
 class ResolvedTracking:
     """A tracking's settings, filled in and checked: the direction, the options (as the
-    store records them) and the window ([lo, hi); None: the whole video)."""
+    store records them), the window ([lo, hi); None: the whole video) and the concepts
+    (empty: the prompts' objects are tracked)."""
 
     direction: str
     options: dict
     window: list | None
+    concepts: tuple = ()
 
 
 def _positive(name: str, value) -> None:

@@ -316,7 +316,7 @@ def write_features(store: RunStore, k: int, encoded: Encoded, write: bool = True
         if write:
             arr[lo:hi] = data
     if write:
-        store.commit(STAGE, k, list(LEVELS))
+        store.commit(STAGE, k, list(LEVELS[: len(encoded.levels)]))
         restored(store, "features", k)
     else:
         drop(store, "features", k)  # recorded dropped before it counts as encoded

@@ -28,6 +28,13 @@ CLASSES = {
         (0.485, 0.456, 0.406),
         (0.229, 0.224, 0.225),
     ),
+    "sam3-video": (
+        "transformers.Sam3VideoModel",
+        "transformers.models.sam3_video.modeling_sam3_video.Sam3VideoInferenceSession",
+        "transformers.models.sam3_video.processing_sam3_video.Sam3VideoProcessor",
+        (0.5, 0.5, 0.5),
+        (0.5, 0.5, 0.5),
+    ),
     "sam3-tracker": (
         "transformers.Sam3TrackerVideoModel",
         "transformers.models.sam3_tracker_video.modeling_sam3_tracker_video.Sam3TrackerVideoInferenceSession",
@@ -134,3 +141,71 @@ def hf_prompted(store_path, prompts: list, family: str, model) -> tuple[np.ndarr
         out = model(inference_session=session, frame_idx=p.frame)
     video_res = F.interpolate(out.pred_masks, (H, W), mode="bilinear", align_corners=False)
     return (video_res[0, 0] > 0.0).numpy(), float(out.object_score_logits.reshape(-1)[0])
+
+
+def _masks_to_boxes(masks: torch.Tensor) -> torch.Tensor:
+    """torchvision's `masks_to_boxes` (which the processor's module imports only where
+    torchvision is installed), written out: (N, H, W) bool -> (N, 4) x0, y0, x1, y1."""
+    boxes = torch.zeros((masks.shape[0], 4), dtype=torch.float)
+    for i, m in enumerate(masks):
+        y, x = torch.where(m != 0)
+        if len(x):
+            boxes[i] = torch.tensor([x.min(), y.min(), x.max(), y.max()], dtype=torch.float)
+    return boxes
+
+
+@torch.inference_mode()
+def concept_oracle(store_path, concepts: list[str], model, tokenizer):
+    """transformers' `Sam3VideoModel` over the whole video in one session: the concepts
+    added with its processor's `add_text_prompt`, `propagate_in_video_iterator` from frame
+    0, each frame's output through the processor's own `postprocess_outputs`. Returns per
+    frame {transformers id: (mask (H, W) bool, score)}."""
+    import transformers.models.sam3_video.processing_sam3_video as processing
+
+    group = zarr.open_group(str(store_path), mode="r")
+    attrs = group.attrs
+    H, W = attrs["video"]["height"], attrs["video"]["width"]
+    video = pixel_values(group["frames"][...], "sam3-video")
+    session = _load(CLASSES["sam3-video"][1])(
+        video=video, video_height=H, video_width=W, dtype=torch.float32
+    )
+    cls = _load(CLASSES["sam3-video"][2])
+    proc = cls.__new__(cls)  # its text and output handling (its image processors need torchvision)
+    proc.tokenizer = tokenizer
+    proc.add_text_prompt(session, list(concepts))
+    if not hasattr(processing, "masks_to_boxes"):
+        processing.masks_to_boxes = _masks_to_boxes
+    frames = {}
+    for out in model.propagate_in_video_iterator(session):
+        post = proc.postprocess_outputs(session, out)
+        frames[out.frame_idx] = {
+            int(i): (m.numpy(), float(sc))
+            for i, m, sc in zip(post["object_ids"], post["masks"], post["scores"])
+        }
+    assert sorted(frames) == list(range(len(video)))
+    return frames
+
+
+def assert_concepts_as_transformers(store_path, oracle) -> None:
+    """The store's masks, ids and scores are the oracle's, frame by frame: every instance
+    the oracle shows on a frame, and none other, with its mask and score bit for bit
+    (segpipe's object id is transformers' + 1). Every chunk committed (a missing chunk is
+    not read as fill)."""
+    from segpipe.store.runstore import RunStore
+
+    store = RunStore.open(store_path, read_only=True)
+    assert store.pass_ledger("forward").count() == store.plan.num_chunks
+    masks = store.array("masks")
+    ids = [i - 1 for i in masks.attrs["object_ids"]]
+    assert ids == list(masks.attrs["concept_ids"])
+    seen = {i for shown in oracle.values() for i in shown}
+    assert sorted(ids) == sorted(seen), (ids, seen)
+    m, s = masks[...], store.array("object_scores")[...]
+    for t, shown in oracle.items():
+        for c, i in enumerate(ids):
+            if i in shown:
+                mask, score = shown[i]
+                assert np.array_equal(m[t, c], mask), f"frame {t}, instance {i}: mask differs"
+                assert np.float32(score) == s[t, c], f"frame {t}, instance {i}: score differs"
+            else:
+                assert not m[t, c].any() and np.isnan(s[t, c]), f"frame {t}: {i} not shown"

@@ -44,7 +44,8 @@ class Sizes:
     memory_bytes: int = 2
 
     def side(self, S: int, level: int) -> int:
-        _, patch, per = self.levels[level]
+        """Level `level`'s side at input size S (a model storing fewer levels: its last)."""
+        _, patch, per = self.levels[min(level, len(self.levels) - 1)]
         return S // patch * per
 
     def memory_slot(self, S: int) -> int:

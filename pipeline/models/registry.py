@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from segpipe.errors import BadInput
 from segpipe.models.base import ModelFamily
-from segpipe.models.hf.family import EDGETAM, SAM3_TRACKER
+from segpipe.models.hf.family import EDGETAM, SAM3_TRACKER, SAM3_VIDEO
 from segpipe.models.sam2.family import SAM2
 
 FAMILIES: dict[str, ModelFamily] = {}
@@ -36,3 +36,4 @@ def family_of(model: str) -> ModelFamily:
 register(SAM2)
 register(EDGETAM)
 register(SAM3_TRACKER)
+register(SAM3_VIDEO)

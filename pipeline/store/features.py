@@ -25,6 +25,12 @@ def level_kind(store: RunStore, name: str) -> tuple[str, torch.dtype, str]:
 LEVELS = ("features/level0", "features/level1", "features/level2")
 
 
+def stored_levels(store: RunStore) -> list[str]:
+    """The level arrays the store holds: SAM 2's three, or one (SAM 3's concept model stores
+    its backbone's output, from which both its necks compute)."""
+    return [n for n in LEVELS if store.array(n) is not None]
+
+
 def level_array(
     store: RunStore, name: str, frame_shape: tuple, dtype, kind: tuple[str, str, str]
 ) -> zarr.Array:

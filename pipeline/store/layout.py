@@ -44,7 +44,10 @@ STAGE_OUTPUTS = {
         "attrs": ["model"],
     },
     "track": {
-        "arrays": ["masks", "object_scores", "object_areas", "tracked", "memory", "prompt_masks"],
+        "arrays": [
+            "masks", "object_scores", "object_areas", "tracked", "memory", "prompt_masks",
+            "instances",
+        ],
         "ledgers": ["track_forward", "track_reverse"],
         "attrs": ["track"],
     },

@@ -241,7 +241,8 @@ class PassLedger:
     chunk k is done when every object of the tracking has it done. The objects are the
     store's tracking's (its `track` attribute); before one is recorded nothing is done.
     Reading, `reserve`, `undo` and `reset` go to every object; a pass's chunks are marked
-    done object by object (`RunStore.commit_objects`)."""
+    done object by object (`RunStore.commit_objects`). A concept tracking (its instances
+    appear as it goes: `stages.track.concepts`) has one ledger, slot 0's."""
 
     def __init__(self, store: RunStore, stage: str):
         self.store, self.stage = store, stage
@@ -250,7 +251,7 @@ class PassLedger:
 
     def objects(self) -> list[Ledger]:
         track = self.store.attrs.get("track") or {}
-        n = len(track.get("object_ids", ()))
+        n = len(track.get("object_ids", ())) or (1 if track.get("concepts") else 0)
         return [self.store.ledger(f"{self.stage}/{slot}") for slot in range(n)]
 
     def done(self) -> np.ndarray:

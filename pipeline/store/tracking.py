@@ -152,6 +152,19 @@ def preview_options(store: RunStore, direction: str) -> dict:
     return options
 
 
+def tracked_ids(store: RunStore, settings: dict | None = None) -> list[int]:
+    """The ids of the objects tracked, in the results' object order: the prompts' objects,
+    or a concept tracking's instances found so far (`stages.track.concepts`: transformers'
+    ids + 1, in the order they appeared)."""
+    settings = stored_settings(store) if settings is None else settings
+    if settings is None:
+        return []
+    if settings.get("concepts"):
+        masks = store.array("masks")
+        return [] if masks is None else list(masks.attrs.get("object_ids", []))
+    return list(settings["object_ids"])
+
+
 def stored_track(store: RunStore) -> dict:
     settings = stored_settings(store)
     if settings is None:

@@ -21,7 +21,7 @@ from segpipe.store.labels import of_objects
 from segpipe.store.lock import holds_store_lock
 from segpipe.store.masks import mask_batches
 from segpipe.store.runstore import RunStore
-from segpipe.store.tracking import require_tracked, stored_track
+from segpipe.store.tracking import require_tracked, stored_track, tracked_ids
 
 RUN_FORMATS = tuple(run_formats())  # what `run` exports unless told
 
@@ -90,7 +90,7 @@ class Export:
         track = stored_track(store) if tracking else require_tracked(store)
         self.store, self.fmt, self.name = store, fmt, name or fmt
         T, C = store.frame_count, store.chunk_size
-        all_ids = track["object_ids"]
+        all_ids = tracked_ids(store, track)
         self.range = a, b = (0, T) if frames is None else frame_window(frames, T)
         self.slots = parse_objects(objects, all_ids)
         ids = [all_ids[s] for s in self.slots]

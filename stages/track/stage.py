@@ -162,6 +162,10 @@ def track(
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
+    if tracking is not None and tracking.concepts:
+        return _track_concepts(
+            store, tracking, encoding, execution, predictor, on_commit, cluster, space
+        )
     plan, spec, prompts, weights, named = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
     check_family(spec["name"], prompts, resolved.options)
@@ -191,6 +195,100 @@ def track(
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
     return store
+
+
+def concept_settings(concepts, options: dict) -> dict:
+    """What the store records of a concept tracking (`track`): no prompted objects (the
+    instances appear as it goes), forward from frame 0."""
+    return {
+        "prompts_sha256": prompt_file.digest([]) + ":" + "|".join(concepts),
+        "direction": "forward",
+        "object_ids": [],
+        "start_frame": 0,
+        "prompts": [],
+        "concepts": list(concepts),
+        "options": options,
+    }
+
+
+def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, cluster, space):
+    """`track` with concept prompts (`stages.track.concepts`): one pass, one process."""
+    from segpipe.stages.track.concepts import ConceptTracker
+    from segpipe.stages.track.tracker import StoredFeatures
+
+    quiet, device = execution.quiet, execution.device
+    T = require_decoded(store)
+    spec = store.attrs.get("model")
+    if spec is None:
+        raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
+    if not getattr(family_of(spec["name"]), "detects", False):
+        raise BadInput(
+            f"{spec['name']} has no detector: concept prompts need --model sam3-video "
+            f"(a new --store)"
+        )
+    if cluster is not None:
+        raise BadInput("concept prompts are tracked in one process so far (no --workers)")
+    resolved = tracking.resolve(store, None)
+    settings = concept_settings(resolved.concepts, resolved.options)
+    weights, seed = embeddings_weights(store, spec, encoding.checkpoint)
+    if seed is not None:
+        log.warn("random weights: masks from them mean nothing")
+    again = execution.force or stored_settings(store) != settings
+    plan = ChunkPlan(T, store.chunk_size)
+    chunks = list(range(plan.num_chunks))
+    todo = chunks if again else store.pass_ledger("forward").todo(chunks)
+    if todo:
+        if not set(ChunkSupply.missing(store, {"forward": todo})) <= on_disk(store, "frames"):
+            stored_source(store)
+        if space is not None:
+            space.before_track(store)
+        env = environment.of_work(device, predictor, cluster)
+        environment.check(store, env, execution.allow_env_change, quiet)
+    if again:
+        prepare_concepts(store, settings, quiet)
+    if not todo:
+        sweep(store)
+        log.info("track: already complete", quiet)
+        return store
+    predictor = predictor or predictor_for(spec, weights, device, resolved.options)
+    unit = ("forward", 0)
+    missing = ChunkSupply.missing(store, {unit: todo})
+    say_cost(store, plan, missing, quiet)
+    frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
+    with (
+        log.progress("encode", frames, quiet or not missing) as bar,
+        ChunkSupply(store, predictor, {unit: todo}, {}, encoding.batch_size, bar) as supply,
+    ):
+        supply.ensure(todo[0])  # the level array made (its kind known) before it is read
+        supply.written()
+        features = StoredFeatures(store, predictor.device, [], supply.held)
+        ConceptTracker(predictor, store, resolved.concepts, features, supply, on_commit).run(
+            quiet
+        )
+    sweep(store)
+    n = len(store.array("masks").attrs.get("object_ids", []))
+    log.result(f"track: {n} instances of {', '.join(resolved.concepts)} in {store.path}", quiet)
+    return store
+
+
+def prepare_concepts(store: RunStore, settings: dict, quiet: bool) -> None:
+    """`prepare` for a concept tracking: the results arrays with no object yet (they grow
+    as instances appear), and `instances`, a count per chunk."""
+    T, C = require_decoded(store), store.chunk_size
+    if store.attrs.get("track") is not None:
+        log.info("track: starting over (concepts or options changed, or --force)", quiet)
+    reset_from(store, "track")
+    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
+    store.create_array(
+        "masks", (T, 0, H, W), mask_chunks(C, H, W), "bool", fill_value=False,
+        attributes={"object_ids": [], "concept_ids": []},
+    )  # fmt: skip
+    store.create_array("object_scores", (T, 0), (C, 1), "float32", fill_value=np.nan)
+    store.create_array("object_areas", (T, 0), (C, 1), "int64", fill_value=0)
+    store.create_array("tracked", (T, 0), (C, 1), "bool", fill_value=False)
+    store.create_array("instances", (ChunkPlan(T, C).num_chunks,), (1,), "int32", fill_value=-1)
+    store.set_attrs(track=settings)
+    drop_draft(store)
 
 
 def _groups(store: RunStore, groups: int | None, options: dict, cluster, quiet: bool, spec):

@@ -18,7 +18,13 @@ from segpipe.stages.track.memory import FrameOutput, MemoryStore, ObjectMemory, 
 from segpipe.stages.track.passes import Pass
 from segpipe.stages.track.shared import PerFrame
 from segpipe.stages.track.supply import ChunkSupply
-from segpipe.store.features import LEVELS, from_storage, level_kind, restore_layout
+from segpipe.store.features import (
+    LEVELS,
+    from_storage,
+    level_kind,
+    restore_layout,
+    stored_levels,
+)
 from segpipe.store.masks import packed_size
 from segpipe.store.runstore import RunStore
 from segpipe.store.tracking import ABSENT_LOGIT, OPTIONS
@@ -35,7 +41,8 @@ class StoredFeatures(dict):
         super().__init__()
         self.store, self.device, self.pos_enc, self.held = store, device, pos_enc, held
         self.lo, self.levels = 0, []
-        self.kinds = [level_kind(store, n) for n in LEVELS]
+        self.names = stored_levels(store)
+        self.kinds = [level_kind(store, n) for n in self.names]
         self.dummy_image = torch.zeros(1, 3, 1, 1, device=device)
         self.reader = ThreadPoolExecutor(1)
         self.ahead = None  # ((lo, hi), future of the host tensors)
@@ -48,7 +55,7 @@ class StoredFeatures(dict):
         if held is not None:
             return held.read(lo - start, hi - start)
         host = []
-        for name, (stored, computed, _) in zip(LEVELS, self.kinds):
+        for name, (stored, computed, _) in zip(self.names, self.kinds):
             feats = from_storage(self.store.read(name, lo, hi), stored).to(computed)
             host.append(feats.pin_memory() if self.device.type == "cuda" else feats)
         return host

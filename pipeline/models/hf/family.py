@@ -15,6 +15,9 @@ from segpipe.models.base import ModelFamily, Sizes, Weights
 from segpipe.models.hf import configs
 
 
+FILES = ["*.json", "*.safetensors"]  # a repository's config and weights (not its .pt files)
+
+
 @dataclass
 class SessionPredictor:
     """A transformers video model with what segpipe asks of a predictor: its device, input
@@ -25,6 +28,7 @@ class SessionPredictor:
     device: object
     segpipe_family: "HfVideo"
     options: dict  # the tracking options it was built with (`tracking_options`)
+    tokenizer: object = None  # a concept model's (`Sam3Video`)
 
     @property
     def session_class(self):
@@ -45,6 +49,8 @@ class HfVideo(ModelFamily):
     smallest = 0  # the smallest input size its architecture takes
     memory_tokens: int | None = None  # a mask memory's tokens (None: one per patch)
     memory_bytes = 2  # bytes a value of a mask memory (transformers casts it as SAM 2 does)
+    detects = False  # takes concept prompts (a detector: `Sam3Video`)
+    files = FILES  # what a hub checkpoint brings
 
     def model_class(self):
         raise NotImplementedError
@@ -70,7 +76,11 @@ class HfVideo(ModelFamily):
                 f"holding its config.json and model.safetensors; --random-weights SEED for "
                 f"tests only)"
             )
-        folder = _hub_folder(checkpoint[3:]) if checkpoint.startswith("hf:") else Path(checkpoint)
+        folder = (
+            _hub_folder(checkpoint[3:], self.files)
+            if checkpoint.startswith("hf:")
+            else Path(checkpoint)
+        )
         return Weights(checkpoint=self._weights_file(folder))
 
     def _weights_file(self, folder: Path) -> Path:
@@ -220,7 +230,66 @@ class Sam3Tracker(HfVideo):
         return configs.sam3_tracker_config(image_size, model.endswith("-mini"))
 
 
-FILES = ["*.json", "*.safetensors"]  # a repository's config and weights (not its .pt files)
+class Sam3Video(HfVideo):
+    """SAM 3's concept model: its detector finds every instance of a noun phrase on each
+    frame, its tracker follows them, and transformers' `Sam3VideoModel` decides which
+    survive (hotstart, association). Tracked by `stages/track/concepts.py`. The stored
+    features are its vision backbone's output, which both its necks read."""
+
+    name = "sam3-video"
+    models = ("sam3-video", "sam3-video-mini")
+    model_types = ("sam3_video",)
+    hub = "facebook/sam3"
+    native_size = 1008
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    multiple = 14
+    detects = True  # takes concept prompts (noun phrases), not clicks
+    files = ["*.json", "*.safetensors", "*.txt"]  # with its tokenizer's
+
+    def model_class(self):
+        from transformers import Sam3VideoModel
+
+        return Sam3VideoModel
+
+    def session_class(self):
+        from transformers.models.sam3_video.modeling_sam3_video import (
+            Sam3VideoInferenceSession,
+        )
+
+        return Sam3VideoInferenceSession
+
+    def processor_class(self):
+        from transformers.models.sam3_video.processing_sam3_video import Sam3VideoProcessor
+
+        return Sam3VideoProcessor
+
+    def config(self, model, image_size):
+        return configs.sam3_video_config(image_size, model.endswith("-mini"))
+
+    def build(self, model, image_size, weights, device, options) -> SessionPredictor:
+        predictor = super().build(model, image_size, weights, device, options)
+        folder = None if weights.checkpoint is None else Path(weights.checkpoint).parent
+        predictor.tokenizer = configs.tokenizer(folder)
+        return predictor
+
+    def encode(self, predictor, images) -> list:
+        """The vision backbone's output as the neck takes it, (N, C, H/14, W/14): one level,
+        from which the detector's and the tracker's necks are computed as they track."""
+        vision = predictor.model.detector_model.vision_encoder
+        hidden = vision.backbone(images).last_hidden_state
+        n, side = hidden.shape[0], images.shape[-1] // self.multiple
+        return [hidden.view(n, side, side, -1).permute(0, 3, 1, 2)]
+
+    def feature_sizes(self, predictor) -> list:
+        side = predictor.image_size // self.multiple
+        return [(side, side)]
+
+    def sizes(self, model) -> Sizes:
+        # one level: the backbone's, 1024 wide (the -mini's 96) at one value a patch
+        width = configs.SAM3_TRACKER_MINI["backbone"]["hidden_size"] if model.endswith(
+            "-mini"
+        ) else 1024
+        return Sizes(64, 256, 7, 16, ((width, self.multiple, 1),), None, 4)
 
 
 def _load(cls, folder: Path):
@@ -237,18 +306,18 @@ def _load(cls, folder: Path):
         ) from None
 
 
-def _hub_folder(repo_id: str) -> Path:
+def _hub_folder(repo_id: str, files: list[str]) -> Path:
     """A hub repository's snapshot folder (the cache first; a gated repository without a
     login said in one line)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=FILES))
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=files))
     except (LocalEntryNotFoundError, OSError, ValueError):
         pass
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=FILES))
+        return Path(snapshot_download(repo_id, allow_patterns=files))
     except GatedRepoError:
         raise BadInput(
             f"hf:{repo_id} is gated: accept its licence on huggingface.co/{repo_id}, then "
@@ -261,4 +330,4 @@ def _hub_folder(repo_id: str) -> Path:
         ) from None
 
 
-EDGETAM, SAM3_TRACKER = EdgeTam(), Sam3Tracker()
+EDGETAM, SAM3_TRACKER, SAM3_VIDEO = EdgeTam(), Sam3Tracker(), Sam3Video()
