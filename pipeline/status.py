@@ -25,6 +25,7 @@ from segpipe.store import lock
 from segpipe.store.labels import stored as stored_labels
 from segpipe.store.ledger import pass_stage
 from segpipe.store.runstore import RunStore
+from segpipe.store.tracking import tracked_ids
 
 RATE_WINDOW = 16  # commits
 
@@ -65,6 +66,7 @@ def describe(store_path, now: float | None = None, with_flags: bool = False) -> 
         "model": attrs.get("model"),
         "running": running,
         "objects": _objects(attrs.get("track"), stored_labels(store)),
+        "concepts": _concepts(store, attrs.get("track")),
         "draft": _draft(store),
         "stages": stages,
         "exports": {
@@ -116,6 +118,19 @@ def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> t
                 span.count_in(d, 0, T),
             )
     return stages, orders
+
+
+def _concepts(store: RunStore, track: dict | None) -> dict | None:
+    """A concept tracking's concepts, the instances found so far (their ids), and per
+    chunk committed the instances it shows (-1: not tracked yet)."""
+    if not (track or {}).get("concepts"):
+        return None
+    counts = store.array("instances")
+    return {
+        "concepts": list(track["concepts"]),
+        "instance_ids": tracked_ids(store, track),
+        "per_chunk": [] if counts is None else [int(n) for n in counts[...]],
+    }
 
 
 def _objects(track: dict | None, labels: dict) -> list[dict]:
@@ -255,6 +270,10 @@ def _draft(store) -> dict | None:
     return {"path": str(path), "prompts": len(entries)}
 
 
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "") if ids else "none"
+
+
 def _head(report: dict) -> list[str]:
     """Store, whether a process works on it, source, size, model, objects and prompts."""
     holder = report["running"]
@@ -293,6 +312,15 @@ def _head(report: dict) -> list[str]:
             for o in report["objects"]
         ]
         lines.append(f"objects  {'; '.join(said)}")
+    found = report.get("concepts")
+    if found:
+        per = found["per_chunk"]
+        done = [n for n in per if n >= 0]
+        lines.append(
+            f"concepts {', '.join(found['concepts'])}: {len(found['instance_ids'])} instances "
+            f"so far (ids {_ids(found['instance_ids'])}); per chunk tracked: "
+            + (" ".join(map(str, done)) if done else "none yet")
+        )
     draft = report.get("draft")
     if draft:
         n = "unreadable" if draft["prompts"] is None else f"{draft['prompts']} prompts"

@@ -31,7 +31,7 @@ from segpipe import log
 from segpipe.behind import Behind
 from segpipe.stages.track.tracker import pack_bits
 from segpipe.store.layout import TRACK_ARRAYS
-from segpipe.store.masks import packed_size, write_packed
+from segpipe.store.masks import packed_size, row_bands, write_packed
 from segpipe.store.runstore import RunStore
 
 ROOT = "memory/concepts"
@@ -277,7 +277,7 @@ class ConceptTracker:
         """Chunk k's final outputs (masks, scores, areas), the snapshot after it, then its
         ledger entry; `on_commit` told."""
         store, (lo, hi) = self.store, self.plan.bounds(k)
-        slots = self.columns(sorted({i for ids, _, _ in outs.values() for i in ids}))
+        slots = self.columns(sorted({i for ids, _, _ in outs.values() for i in ids}), lo)
         N = len(slots)
         packed = np.zeros((hi - lo, N, packed_size(self.height, self.width)), np.uint8)
         scores = np.full((hi - lo, N), np.nan, np.float32)
@@ -311,22 +311,34 @@ class ConceptTracker:
         if self.on_commit is not None:
             self.on_commit("forward", k)
 
-    def columns(self, ids: list[int]) -> dict[int, int]:
+    def columns(self, ids: list[int], lo: int) -> dict[int, int]:
         """Each instance's column (its object slot), new ones added in the order of their
-        ids: the results arrays grown first, then the ids recorded (a kill between the two
-        leaves a column no id names, which the rerun names)."""
-        known = list(self.store.array("masks").attrs.get("concept_ids", []))
+        ids: the results arrays grown, the new columns written as not shown on the frames
+        before `lo` (committed chunks: every chunk of a results array exists) and made
+        durable, then the ids recorded. A kill before the record leaves columns no id names
+        yet, which the rerun of the chunk makes again."""
+        store = self.store
+        known = list(store.array("masks").attrs.get("concept_ids", []))
         new = [i for i in ids if i not in known]
-        if new:
-            known += new
-            N = len(known)
-            for name in TRACK_ARRAYS:
-                arr = self.store.array(name)
-                if arr.shape[1] < N:
-                    arr.resize((arr.shape[0], N, *arr.shape[2:]))
-            # (the array as resized: an update of its attributes writes its whole metadata)
-            masks = self.store.array("masks")
-            masks.attrs.update(concept_ids=known, object_ids=[i + 1 for i in known])
+        if not new:
+            return {i: c for c, i in enumerate(known)}
+        a, b = len(known), len(known) + len(new)
+        for name in TRACK_ARRAYS:
+            arr = store.array(name)
+            if arr.shape[1] < b:
+                arr.resize((arr.shape[0], b, *arr.shape[2:]))
+        if lo:
+            masks = store.array("masks")
+            for r0, r1 in row_bands(store):
+                masks[:lo, a:b, r0:r1] = False
+            store.array("object_scores")[:lo, a:b] = np.nan
+            store.array("object_areas")[:lo, a:b] = 0
+            store.array("tracked")[:lo, a:b] = True
+            for j in range(self.plan.chunk_of(lo - 1) + 1):
+                store.sync_chunk(TRACK_ARRAYS, j, slice(a, b))
+        known += new
+        # (the array as resized: an update of its attributes writes its whole metadata)
+        store.array("masks").attrs.update(concept_ids=known, object_ids=[i + 1 for i in known])
         return {i: c for c, i in enumerate(known)}
 
 

@@ -212,7 +212,8 @@ def concept_settings(concepts, options: dict) -> dict:
 
 
 def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, cluster, space):
-    """`track` with concept prompts (`stages.track.concepts`): one pass, one process."""
+    """`track` with concept prompts (`stages.track.concepts`): one pass, one process;
+    `on_commit` is not called (see below)."""
     from segpipe.stages.track.concepts import ConceptTracker
     from segpipe.stages.track.tracker import StoredFeatures
 
@@ -262,9 +263,9 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
         supply.ensure(todo[0])  # the level array made (its kind known) before it is read
         supply.written()
         features = StoredFeatures(store, predictor.device, [], supply.held)
-        ConceptTracker(predictor, store, resolved.concepts, features, supply, on_commit).run(
-            quiet
-        )
+        # (no exports as chunks commit: their instances are known once the tracking is
+        # done, so `run` exports at its finish)
+        ConceptTracker(predictor, store, resolved.concepts, features, supply).run(quiet)
     sweep(store)
     n = len(store.array("masks").attrs.get("object_ids", []))
     log.result(f"track: {n} instances of {', '.join(resolved.concepts)} in {store.path}", quiet)

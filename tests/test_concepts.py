@@ -1,0 +1,161 @@
+"""Concept prompts: SAM 3's concept model (`sam3-video-mini`: the real architecture, small,
+seeded random weights) tracked chunk by chunk by segpipe, bit for bit transformers' own
+`Sam3VideoModel` processing the whole video in one session (`hf_oracle.concept_oracle`):
+masks, ids and scores, with instances appearing mid-video and others removed by its
+hotstart. Chunk sizes 1, 4 and 16, a kill -9 mid-run then a rerun under `--keep masks`, two
+concepts, exports and status; bad input refused in one line."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+from conftest import assert_user_error, ledger_records, run_code, segpipe, tree_digest
+from hf_oracle import assert_concepts_as_transformers, concept_oracle, hf_model
+from test_families import GatedHub
+
+from segpipe.models.hf.configs import sam3_video_config, tokenizer
+from segpipe.store.runstore import RunStore
+
+SIZE = 112  # 8 x 8 patches of 14
+
+
+def run_args(small, store, chunk, *more, concepts=("fish",)):
+    found = [a for c in concepts for a in ("--concept", c)]
+    return (
+        "run", small / "clip.mp4", "--store", store, *found, "--chunk-size", chunk,
+        "--image-size", SIZE, "--model", "sam3-video-mini", "--random-weights", 0,
+        "--quiet", *more,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def oracles(small, tmp_path_factory):
+    """Per concepts: transformers' whole-video session over the small clip's frames."""
+    folder = tmp_path_factory.mktemp("concepts")
+    store = folder / "decoded.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", SIZE, check=True)
+    net = hf_model("sam3-video", sam3_video_config(SIZE, mini=True), seed=0)
+    return {
+        c: concept_oracle(store, list(c), net, tokenizer()) for c in [("fish",), ("fish", "cell")]
+    }
+
+
+def test_the_oracle_sees_instances_appear_and_go(oracles):
+    """The test's thresholds make the model's rules work: several instances, none on the
+    first frames, some first shown mid-video, some shown and then gone."""
+    shown = oracles[("fish",)]
+    first = {}
+    for t in sorted(shown):
+        for i in shown[t]:
+            first.setdefault(i, t)
+    assert len(first) >= 3, first
+    assert min(first.values()) > 0 and len(set(first.values())) >= 2, first
+    gone = [i for i, t in first.items() if any(i not in shown[u] for u in range(t, 24))]
+    assert gone, "no instance leaves"
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+def test_concepts_tracked_as_transformers_own_session(small, oracles, tmp_path, chunk):
+    store = tmp_path / "s.zarr"
+    segpipe(*run_args(small, store, chunk, "--export", "vis-json"), check=True)
+    assert_concepts_as_transformers(store, oracles[("fish",)])
+    # the export carries every instance, by its store id
+    masks = json.loads((tmp_path / "s.export" / "masks.json").read_text())
+    ids = RunStore.open(store).array("masks").attrs["object_ids"]
+    assert sorted(a["object_id"] for a in masks["annotations"]) == sorted(ids)
+    # a rerun is a no-op
+    before = ledger_records(store, "track_forward")
+    segpipe(*run_args(small, store, chunk, "--export", "vis-json"), check=True)
+    assert ledger_records(store, "track_forward") == before
+
+
+def test_two_concepts_keep_their_instances_apart(small, oracles, tmp_path):
+    store = tmp_path / "s.zarr"
+    segpipe(*run_args(small, store, 4, "--export", "none", concepts=("fish", "cell")), check=True)
+    assert_concepts_as_transformers(store, oracles[("fish", "cell")])
+
+
+KILL = """
+import sys
+sys.path.insert(0, "tests")
+import kill_points
+kill_points.mid_write(sys.argv[1], int(sys.argv[2]))
+kill_points.cli(sys.argv[3:])
+"""
+
+
+def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path):
+    """Killed halfway through writing the snapshot after chunk 3 (chunks of 4: frames 12
+    to 15, their outputs final once frame 18 is tracked, chunk 4 in work): chunks 0..2
+    committed, the rest redone from the snapshot after chunk 2, not tracked again, and the
+    result transformers'."""
+    store = tmp_path / "s.zarr"
+    args = run_args(small, store, 4, "--keep", "masks", "--export", "none")
+    killed = run_code(KILL, "memory/concepts/3/", 1, *args)
+    assert killed.returncode == -9, killed.stderr
+    opened = RunStore.open(store)
+    assert opened.pass_ledger("forward").count() == 3  # the kill landed mid-run
+    committed = dict(ledger_records(store, "track_forward"))
+    segpipe(*args, check=True)
+    again = ledger_records(store, "track_forward")
+    assert all(again[k] == t for k, t in committed.items())  # not tracked again
+    assert_concepts_as_transformers(store, oracles[("fish",)])
+    report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
+    found = report["concepts"]
+    assert found["concepts"] == ["fish"] and len(found["per_chunk"]) == 6
+    assert min(found["per_chunk"]) >= 0 and max(found["per_chunk"]) > 0
+    assert found["instance_ids"] == opened.array("masks").attrs["object_ids"]
+
+
+def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
+    """An empty concept, a concept for a family without a detector, a concept beside
+    clicks, a concept the other way than forward: one line each, nothing made (`run`), an
+    encoded store as it was (`track`)."""
+    fresh = tmp_path / "new.zarr"
+    assert_user_error(segpipe(*run_args(small, fresh, 4, concepts=(" ",))), "--concept is empty")
+    tracker = [a if a != "sam3-video-mini" else "sam3-tracker-mini" for a in run_args(small, fresh, 4)]
+    assert_user_error(segpipe(*tracker), "has no detector")
+    both = (*run_args(small, fresh, 4), "--prompts", small / "prompts.json")
+    assert_user_error(segpipe(*both), "--concept and --prompts")
+    assert not fresh.exists()
+    store = tmp_path / "s.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", SIZE, check=True)
+    encode = ("encode", "--store", store, "--random-weights", 0, "--model")
+    segpipe(*encode, "sam3-tracker-mini", check=True)
+    before = tree_digest(store)
+    proc = segpipe("track", "--store", store, "--concept", "fish")
+    assert_user_error(proc, "sam3-tracker-mini has no detector")
+    assert tree_digest(store) == before
+    other = tmp_path / "v.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", other, "--image-size", SIZE, check=True)
+    segpipe(*encode[:2], other, *encode[3:], "sam3-video-mini", check=True)
+    before = tree_digest(other)
+    for more, said in (
+        (["--concept", ""], "--concept is empty"),
+        (["--concept", "fish", "--direction", "reverse"], "forward from frame 0"),
+        (["--concept", "fish", "--frames", "0:8"], "whole video"),
+    ):
+        assert_user_error(segpipe("track", "--store", other, *more), said)
+    assert tree_digest(other) == before
+
+
+def test_a_gated_checkpoint_without_a_login_says_how_to_log_in(small, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GatedHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {
+            "HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_TOKEN": "",
+        }
+        store = tmp_path / "s.zarr"
+        args = [a for a in run_args(small, store, 4) if a not in ("--random-weights", 0)]
+        args = [a if a != "sam3-video-mini" else "sam3-video" for a in args]
+        proc = segpipe(*args, "--checkpoint", "hf:facebook/sam3", env=env)
+        assert_user_error(proc, "hf:facebook/sam3 is gated", "log in")
+        assert not store.exists()
+    finally:
+        server.shutdown()
