@@ -46,7 +46,7 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
         refuse_on_dask(output.keep)
     loaded = None
     if settings.tracking.concepts:
-        check_concepts(prompts, settings.tracking)
+        check_concepts(prompts, settings.tracking, execution)
     if prompts is not None:
         args = (decoding.stream, decoding.fps, store)
         loaded = check_prompts(video, prompts, output.exports, *args)
@@ -108,15 +108,16 @@ def run(video, store, prompts, settings: Settings, space, cluster) -> None:
             alongside.close()
 
 
-def check_concepts(prompts, tracking) -> None:
+def check_concepts(prompts, tracking, execution) -> None:
     """A concept tracking's settings checked before anything is written."""
     if prompts is not None:
         raise BadInput(
             "--concept and --prompts in one tracking are not supported yet: track the "
             "concepts, then click objects in another store"
         )
-    if not all(str(c).strip() for c in tracking.concepts):
-        raise BadInput("--concept is empty: name what to find, e.g. --concept fish")
+    tracking.check_concepts()
+    if execution.on_dask:
+        raise BadInput("concept prompts are tracked in one process so far (no --workers)")
 
 
 def _decoded(video, store, settings: Settings, prompts, cluster, space, write_frames):
@@ -199,7 +200,8 @@ def _tracked(store, prompts, settings: Settings, cluster, space, force=False) ->
         settings.tracking,
         settings.encoding,
         replace(settings.execution, force=force),  # (run's --force is decode's and encode's)
-        on_commit=exporting.committed,
+        # (a concept tracking's instances are known at its end: exported at the finish)
+        on_commit=None if settings.tracking.concepts else exporting.committed,
         cluster=cluster,
         space=space,
     )

@@ -124,16 +124,19 @@ class Tracking:
         )
         return ResolvedTracking(direction, options, window)
 
-    def _resolve_concepts(self, store: "RunStore") -> "ResolvedTracking":
-        """A concept tracking's: forward from frame 0 over the whole video (transformers'
-        `Sam3VideoModel` propagates so), SAM 2's options as recorded, unused."""
-        from segpipe.store.tracking import resolve_options
-
+    def check_concepts(self) -> tuple[str, ...]:
+        """The concepts, checked with what goes with them (no store needed: `run` checks
+        them before it decodes)."""
+        if isinstance(self.concepts, str):
+            raise BadInput("concepts is a list of phrases, e.g. concepts=('fish',)")
         concepts = tuple(str(c).strip() for c in self.concepts)
         if not all(concepts):
             raise BadInput("--concept is empty: name what to find, e.g. --concept fish")
         if len(set(concepts)) < len(concepts):
             raise BadInput("a --concept is given twice")
+        long = [c for c in concepts if len(c) > 30]
+        if long:  # the text encoder reads 32 tokens, its start and end among them
+            raise BadInput(f"--concept {long[0]!r} is longer than 30 characters")
         if self.direction not in (None, "forward"):
             raise BadInput("concept prompts track forward from frame 0 (--direction forward)")
         if self.frames is not None:
@@ -141,6 +144,14 @@ class Tracking:
         for name in ("non_overlap", "object_start", "object_batch"):
             if getattr(self, name) not in (None, False, 1, "first"):
                 raise BadInput(f"--{name.replace('_', '-')} is SAM 2's, not for concept prompts")
+        return concepts
+
+    def _resolve_concepts(self, store: "RunStore") -> "ResolvedTracking":
+        """A concept tracking's: forward from frame 0 over the whole video (transformers'
+        `Sam3VideoModel` propagates so), SAM 2's options as recorded, unused."""
+        from segpipe.store.tracking import resolve_options
+
+        concepts = self.check_concepts()
         given = {k: getattr(self, k) for k in ("postprocessing", "score_threshold")}
         options = resolve_options(store, "forward", given)
         return ResolvedTracking("forward", options, None, concepts)

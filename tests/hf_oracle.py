@@ -159,7 +159,8 @@ def concept_oracle(store_path, concepts: list[str], model, tokenizer):
     """transformers' `Sam3VideoModel` over the whole video in one session: the concepts
     added with its processor's `add_text_prompt`, `propagate_in_video_iterator` from frame
     0, each frame's output through the processor's own `postprocess_outputs`. Returns per
-    frame {transformers id: (mask (H, W) bool, score)}."""
+    frame {transformers id: (mask (H, W) bool, score)}; and what happened on the way: the
+    ids the hotstart removed, and per concept the ids ever shown for it."""
     import transformers.models.sam3_video.processing_sam3_video as processing
 
     group = zarr.open_group(str(store_path), mode="r")
@@ -175,15 +176,17 @@ def concept_oracle(store_path, concepts: list[str], model, tokenizer):
     proc.add_text_prompt(session, list(concepts))
     if not hasattr(processing, "masks_to_boxes"):
         processing.masks_to_boxes = _masks_to_boxes
-    frames = {}
+    frames, shown = {}, {c: set() for c in concepts}
     for out in model.propagate_in_video_iterator(session):
         post = proc.postprocess_outputs(session, out)
         frames[out.frame_idx] = {
             int(i): (m.numpy(), float(sc))
             for i, m, sc in zip(post["object_ids"], post["masks"], post["scores"])
         }
+        for c, ids in post["prompt_to_obj_ids"].items():
+            shown[c].update(ids)
     assert sorted(frames) == list(range(len(video)))
-    return frames
+    return frames, {"removed": set(session.hotstart_removed_obj_ids), "shown": shown}
 
 
 def assert_concepts_as_transformers(store_path, oracle) -> None:

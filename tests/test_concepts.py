@@ -10,11 +10,13 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 
 import pytest
 from conftest import assert_user_error, ledger_records, run_code, segpipe, tree_digest
 from hf_oracle import assert_concepts_as_transformers, concept_oracle, hf_model
 from test_families import GatedHub
+from test_studio import browser, fetch, open_page  # noqa: F401 - (browser: a fixture)
 
 from segpipe.models.hf.configs import sam3_video_config, tokenizer
 from segpipe.store.runstore import RunStore
@@ -38,9 +40,11 @@ def oracles(small, tmp_path_factory):
     store = folder / "decoded.zarr"
     segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", SIZE, check=True)
     net = hf_model("sam3-video", sam3_video_config(SIZE, mini=True), seed=0)
-    return {
-        c: concept_oracle(store, list(c), net, tokenizer()) for c in [("fish",), ("fish", "cell")]
-    }
+    out, info = {}, {}
+    for c in [("fish",), ("fish", "cell")]:
+        out[c], info[c] = concept_oracle(store, list(c), net, tokenizer())
+    out["info"] = info
+    return out
 
 
 def test_the_oracle_sees_instances_appear_and_go(oracles):
@@ -55,6 +59,9 @@ def test_the_oracle_sees_instances_appear_and_go(oracles):
     assert min(first.values()) > 0 and len(set(first.values())) >= 2, first
     gone = [i for i, t in first.items() if any(i not in shown[u] for u in range(t, 24))]
     assert gone, "no instance leaves"
+    info = oracles["info"]
+    assert info[("fish",)]["removed"], "the hotstart removed nothing"
+    assert all(info[("fish", "cell")]["shown"].values()), info  # each concept has instances
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 16])
@@ -73,9 +80,16 @@ def test_concepts_tracked_as_transformers_own_session(small, oracles, tmp_path, 
 
 
 def test_two_concepts_keep_their_instances_apart(small, oracles, tmp_path):
+    """Two concepts, each finding instances (the oracle's check): ids and masks as
+    transformers' session gives them, each pixel to one instance of a concept at most."""
     store = tmp_path / "s.zarr"
     segpipe(*run_args(small, store, 4, "--export", "none", concepts=("fish", "cell")), check=True)
     assert_concepts_as_transformers(store, oracles[("fish", "cell")])
+    # `track` without --concept goes on with the store's concepts (done: nothing to do)
+    before = tree_digest(store)
+    proc = segpipe("track", "--store", store, check=True)
+    assert "already complete" in proc.stderr, proc.stderr
+    assert tree_digest(store) == before
 
 
 KILL = """
@@ -87,17 +101,20 @@ kill_points.cli(sys.argv[3:])
 """
 
 
-def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path):
-    """Killed halfway through writing the snapshot after chunk 3 (chunks of 4: frames 12
-    to 15, their outputs final once frame 18 is tracked, chunk 4 in work): chunks 0..2
-    committed, the rest redone from the snapshot after chunk 2, not tracked again, and the
-    result transformers'."""
+@pytest.mark.parametrize("chunk,nth", [(4, 5), (1, 20)])
+def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path, chunk, nth):
+    """Killed halfway through writing the snapshot after chunk `nth` (chunks of 4: frames
+    20 to 23; of 1: frame 20, its output final once frame 23 is tracked): the chunks before
+    it committed, the rest redone from the snapshot before it, which holds live instances,
+    not tracked again, and the result transformers'."""
     store = tmp_path / "s.zarr"
-    args = run_args(small, store, 4, "--keep", "masks", "--export", "none")
-    killed = run_code(KILL, "memory/concepts/3/", 1, *args)
+    args = run_args(small, store, chunk, "--keep", "masks", "--export", "none")
+    killed = run_code(KILL, f"memory/concepts/{nth}/", 1, *args)
     assert killed.returncode == -9, killed.stderr
     opened = RunStore.open(store)
-    assert opened.pass_ledger("forward").count() == 3  # the kill landed mid-run
+    assert opened.pass_ledger("forward").count() == nth  # the kill landed mid-run
+    restored = opened.array(f"memory/concepts/{nth - 1}").attrs["state"]
+    assert restored["obj_ids"], "the restart restores no live instance"
     committed = dict(ledger_records(store, "track_forward"))
     segpipe(*args, check=True)
     again = ledger_records(store, "track_forward")
@@ -105,7 +122,7 @@ def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path):
     assert_concepts_as_transformers(store, oracles[("fish",)])
     report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
     found = report["concepts"]
-    assert found["concepts"] == ["fish"] and len(found["per_chunk"]) == 6
+    assert found["concepts"] == ["fish"] and len(found["per_chunk"]) == 24 // chunk
     assert min(found["per_chunk"]) >= 0 and max(found["per_chunk"]) > 0
     assert found["instance_ids"] == opened.array("masks").attrs["object_ids"]
 
@@ -116,7 +133,9 @@ def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
     encoded store as it was (`track`)."""
     fresh = tmp_path / "new.zarr"
     assert_user_error(segpipe(*run_args(small, fresh, 4, concepts=(" ",))), "--concept is empty")
-    tracker = [a if a != "sam3-video-mini" else "sam3-tracker-mini" for a in run_args(small, fresh, 4)]
+    tracker = [
+        a if a != "sam3-video-mini" else "sam3-tracker-mini" for a in run_args(small, fresh, 4)
+    ]
     assert_user_error(segpipe(*tracker), "has no detector")
     both = (*run_args(small, fresh, 4), "--prompts", small / "prompts.json")
     assert_user_error(segpipe(*both), "--concept and --prompts")
@@ -159,3 +178,41 @@ def test_a_gated_checkpoint_without_a_login_says_how_to_log_in(small, tmp_path):
         assert not store.exists()
     finally:
         server.shutdown()
+
+
+def test_the_studios_find_box_tracks_every_instance(browser, small, oracles, tmp_path):
+    """segpipe studio on a store of sam3-video-mini: the concept typed in the page's box and
+    Find track every instance as `segpipe track --concept` does (transformers' session's
+    masks, ids and scores); the timeline has a strip per instance. An empty box, and a click
+    preview on such a store, are refused in one line."""
+    from segpipe.web.server import StudioServer
+
+    store = tmp_path / "s.zarr"
+    segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", SIZE,
+            "--chunk-size", 4, check=True)  # fmt: skip
+    segpipe("encode", "--store", store, "--model", "sam3-video-mini", "--random-weights", 0,
+            check=True)  # fmt: skip
+    server = StudioServer(store, port=0).start()
+    try:
+        page = open_page(browser, server.url)
+        page.fill("#concept", " ")
+        page.click("#find")
+        page.wait_for_function("document.getElementById('error').textContent.includes('empty')")
+        page.errors.clear()  # (the refusal, expected: a 400)
+        page.fill("#concept", "fish")
+        page.click("#find")
+        deadline = time.monotonic() + 300
+        while json.loads(fetch(server.url + "api/progress")[1])["state"] != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert_concepts_as_transformers(store, oracles[("fish",)])
+        ids = RunStore.open(store).array("masks").attrs["object_ids"]
+        assert json.loads(fetch(server.url + "api/info")[1])["tracked_objects"] == ids
+        scores = json.loads(fetch(server.url + "api/scores")[1])
+        assert scores["objects"] == ids and len(scores["areas"]) == len(ids)
+        page.wait_for_function(f"S.scores.objects.length === {len(ids)}")
+        assert page.errors == [], page.errors
+        status, body, _ = fetch(server.url + "api/track", "POST", {"concepts": ["fish", ""]})
+        assert status == 400 and b"empty" in body, body
+    finally:
+        server.stop()

@@ -73,6 +73,7 @@ class ModelFamily:
     # tracked by driving the family's own inference session (stages/track/session.py),
     # not SAM 2's predictor (stages/track/tracker.py)
     session_tracker: bool = False
+    detects: bool = False  # takes concept prompts (a detector: SAM 3's concept model)
 
     native_size: int | None = None  # its input size, where not the command line's 1024
 

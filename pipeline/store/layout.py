@@ -45,7 +45,12 @@ STAGE_OUTPUTS = {
     },
     "track": {
         "arrays": [
-            "masks", "object_scores", "object_areas", "tracked", "memory", "prompt_masks",
+            "masks",
+            "object_scores",
+            "object_areas",
+            "tracked",
+            "memory",
+            "prompt_masks",
             "instances",
         ],
         "ledgers": ["track_forward", "track_reverse"],

@@ -194,13 +194,16 @@ class Endpoints:
         summary: Track the page's prompts in the background (as segpipe track --prompts)
         description: 'Body {"direction": "both" | "forward" | "reverse", "frames": [A, B]},
           or empty: the store''s direction, the whole video. "frames" is the tracking window
-          of segpipe track --frames A:B (frames A..B-1; B null: to the end). 202, or 409
-          while another job runs or another process writes.'
+          of segpipe track --frames A:B (frames A..B-1; B null: to the end). Or {"concepts":
+          ["fish"]}: every instance of them instead (segpipe track --concept; a store of
+          sam3-video). 202, or 409 while another job runs or another process writes.'
         """
         body = await _json(request, empty={})
         if not isinstance(body, dict):
             raise BadInput('the body must be {"direction": ..., "frames": [A, B]} or empty')
-        await run_in_threadpool(self.studio.track, body.get("direction"), body.get("frames"))
+        await run_in_threadpool(
+            self.studio.track, body.get("direction"), body.get("frames"), body.get("concepts")
+        )
         return JSONResponse(self.studio.progress(), status_code=202)
 
     async def export(self, request: Request):

@@ -31,6 +31,7 @@ from segpipe.flags import ChunkMeasures, detect, written
 from segpipe.fsutil import resolved
 from segpipe.limits import MAX_OBJECT_ID
 from segpipe.model import model_spec_of
+from segpipe.models.registry import family_of
 from segpipe.plan import Span, passes
 from segpipe.settings import Encoding, Execution, Tracking
 from segpipe.store import edits
@@ -46,6 +47,7 @@ from segpipe.store.tracking import (
     next_prompts,
     save_draft,
     stored_settings,
+    tracked_ids,
 )
 
 
@@ -172,7 +174,8 @@ class Studio:
             "width": video["width"],
             "height": video["height"],
             "encoded": "model" in store.attrs,
-            "tracked_objects": list(settings["object_ids"]) if settings else [],
+            "tracked_objects": tracked_ids(store, settings),
+            "concepts": (settings or {}).get("concepts", []),
             "direction": self.direction,
             "read_only": self.read_only,
             "version": self.version,
@@ -236,7 +239,9 @@ class Studio:
             return empty
         keys = self._measures.keys(store)  # (each chunk's mask files listed once)
         self._measure(store, keys)
-        ids = list(settings["object_ids"])
+        ids = tracked_ids(store, settings)
+        if len(ids) != scores.shape[1]:  # instances being added (a concept tracking)
+            return empty
         video = store.attrs["video"]
         found = detect(
             scores,
@@ -441,6 +446,9 @@ class Studio:
         mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
         if not mine:
             return None
+        model = (self.store().attrs.get("model") or {}).get("name") or self.encoding.model
+        if model is not None and family_of(model).detects:
+            raise BadInput(f"{model} takes concepts, not clicks: type one and press Find")
         mask, score = self.previewer.mask(mine)
         return png(mask.astype(np.uint8) * 255), score, self.change(frame, object_id, mask)
 
@@ -470,12 +478,15 @@ class Studio:
         return {"iou": round(iou, 3), "shift": shift, "drastic": drastic}
 
     # -- tracking ----------------------------------------------------------------------------
-    def track(self, direction: str | None = None, frames=None) -> None:
+    def track(self, direction: str | None = None, frames=None, concepts=None) -> None:
         """Start tracking the page's prompts in the background (as `segpipe track
         --prompts FILE --direction D --frames A:B` on the store): `frames` [A, B] (B None:
         to the end) is the tracking window, [0, None] the whole video, None the store's (as
-        the command without --frames)."""
+        the command without --frames). `concepts` (a list of phrases): every instance of
+        them instead, as `segpipe track --concept ...` (the store's model must detect)."""
         self._writable()
+        if concepts is not None:
+            return self._find(concepts)
         number = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
         if frames is not None and not (
             isinstance(frames, list)
@@ -515,7 +526,26 @@ class Studio:
                 claim.release()
                 raise
 
-    def _track(self, job: "Job", prompts: list, direction: str, frames) -> str:
+    def _find(self, concepts) -> None:
+        """`track` with concepts: checked now (a 4xx), tracked by a job."""
+        if not isinstance(concepts, list) or not all(isinstance(c, str) for c in concepts):
+            raise BadInput(f"concepts must be a list of phrases, not {concepts!r}")
+        tracking = Tracking(concepts=tuple(concepts))
+        tracking.check_concepts()
+        store = self.store()
+        model = (store.attrs.get("model") or {}).get("name") or self.encoding.model
+        if model is not None and not family_of(model).detects:
+            raise BadInput(f"{model} has no detector: concepts need a store of sam3-video")
+        with self._starting:
+            claim = self._claim()
+            try:
+                work = lambda job: self._track(job, None, "forward", None, tracking)  # noqa: E731
+                self.job.start(self, "track", work, claim)
+            except BaseException:
+                claim.release()
+                raise
+
+    def _track(self, job: "Job", prompts, direction: str, frames, tracking=None) -> str:
         from segpipe.stages.encode import encode
         from segpipe.stages.track.stage import track
 
@@ -539,7 +569,7 @@ class Studio:
             track(
                 self.path,
                 prompts,
-                Tracking(direction, frames),
+                tracking or Tracking(direction, frames),
                 self.encoding,
                 self.execution,
                 predictor=predictor if same else None,

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from segpipe import log
 from segpipe.behind import Behind
+from segpipe.stages.track.session import empty_session
 from segpipe.stages.track.tracker import pack_bits
 from segpipe.store.layout import TRACK_ARRAYS
 from segpipe.store.masks import packed_size, row_bands, write_packed
@@ -103,16 +104,8 @@ def processor_for(predictor):
 def new_session(predictor, num_frames: int, height: int, width: int, concepts: list[str]):
     """transformers' concept session for a video of `num_frames` frames, holding no frame,
     the concepts added as its processor adds them."""
-    session = predictor.session_class(
-        video=None,
-        video_height=height,
-        video_width=width,
-        inference_device=predictor.device,
-        inference_state_device=predictor.device,
-        video_storage_device=predictor.device,
-        dtype=torch.float32,
-    )
-    session.processed_frames = FrameIndex(num_frames)
+    session = empty_session(predictor, height, width, FrameIndex(num_frames))
+    session.obj_with_new_inputs = []  # (transformers makes it at its first new instance)
     processor_for(predictor).add_text_prompt(session, list(concepts))
     return session
 
@@ -216,19 +209,17 @@ class ConceptTracker:
                         else:
                             ready = []
                         for r in ready:
-                            finals[r.frame_idx] = final_output(
-                                session, r, self.height, self.width
-                            )
+                            finals[r.frame_idx] = final_output(session, r, self.height, self.width)
                         self.prune(session, f + 1)
                         bar.update(1)
                     waiting.append((k, snapshot(session)))
                     self.supply.tracked(self.unit, k)
-                    while waiting and all(
-                        t in finals for t in range(*plan.bounds(waiting[0][0]))
-                    ):
+                    while waiting and all(t in finals for t in range(*plan.bounds(waiting[0][0]))):
                         j, snap = waiting.pop(0)
                         outs = {t: finals.pop(t) for t in range(*plan.bounds(j))}
-                        writer.submit(self.write, j, outs, snap)
+                        writer.submit(
+                            self.write, j, outs, snap, then=lambda j=j: self.supply.committed(j)
+                        )
             finally:
                 del detector.get_vision_features  # the model's own again
         self.supply.finished(self.unit)
@@ -242,10 +233,12 @@ class ConceptTracker:
             tracked = outputs["non_cond_frame_outputs"]
             for t in list(tracked):
                 back = next_frame - t
-                if not 1 <= back <= self.pointers:
+                if not 1 <= back <= max(self.pointers, self.memories):
                     del tracked[t]
                     continue
-                keep = MEMORY if back <= self.memories else POINTER
+                keep = (MEMORY if back <= self.memories else ()) + (
+                    POINTER if back <= self.pointers else ()
+                )
                 tracked[t] = {k: v for k, v in tracked[t].items() if k in keep}
             cond = outputs["cond_frame_outputs"]
             latest = sorted(cond)[-self.cond_kept :] if self.cond_kept > 0 else list(cond)
@@ -308,6 +301,8 @@ class ConceptTracker:
         store.sync_chunk(written, k)
         store.commit_array(name)
         store.commit_objects("forward", k, [0], [], [])  # the ledger entry, last
+        if store.array(f"{ROOT}/{k - 2}") is not None:  # a restart reads the last one only
+            store.delete(f"{ROOT}/{k - 2}")
         if self.on_commit is not None:
             self.on_commit("forward", k)
 
@@ -413,4 +408,3 @@ def restore(session, attrs: dict, data: np.ndarray, device) -> None:
         int(i): torch.tensor([v], dtype=torch.long, device=device)
         for i, v in state["obj_id_to_last_occluded"].items()
     }
-

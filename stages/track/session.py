@@ -211,6 +211,14 @@ class SessionTracker(Pass):
 def new_session(predictor, num_frames: int, height: int, width: int, cache: StoredCache):
     """transformers' inference session for a video of `num_frames` frames at height x width,
     holding no frame: its features come from `cache`."""
+    session = empty_session(predictor, height, width, VideoLength(num_frames))
+    session.cache = cache
+    return session
+
+
+def empty_session(predictor, height: int, width: int, frames):
+    """transformers' inference session of the predictor's family at height x width, holding
+    no frame: `frames` stands in for them (their count, and what a frame's lookup gives)."""
     session = predictor.session_class(
         video=None,
         video_height=height,
@@ -220,8 +228,7 @@ def new_session(predictor, num_frames: int, height: int, width: int, cache: Stor
         video_storage_device=predictor.device,
         dtype=torch.float32,
     )
-    session.processed_frames = VideoLength(num_frames)
-    session.cache = cache
+    session.processed_frames = frames
     return session
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -162,6 +163,9 @@ def track(
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
+    recorded = (stored_settings(store) or {}).get("concepts")
+    if recorded and prompts is None and not (tracking and tracking.concepts):
+        tracking = replace(tracking or Tracking(), concepts=tuple(recorded))  # a resume
     if tracking is not None and tracking.concepts:
         return _track_concepts(
             store, tracking, encoding, execution, predictor, on_commit, cluster, space
@@ -212,8 +216,9 @@ def concept_settings(concepts, options: dict) -> dict:
 
 
 def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, cluster, space):
-    """`track` with concept prompts (`stages.track.concepts`): one pass, one process;
-    `on_commit` is not called (see below)."""
+    """`track` with concept prompts (`stages.track.concepts`): one pass, one process.
+    `on_commit(d, k)` is told each chunk committed (the studio's progress); `run` exports
+    at its finish, once every instance is known."""
     from segpipe.stages.track.concepts import ConceptTracker
     from segpipe.stages.track.tracker import StoredFeatures
 
@@ -263,9 +268,7 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
         supply.ensure(todo[0])  # the level array made (its kind known) before it is read
         supply.written()
         features = StoredFeatures(store, predictor.device, [], supply.held)
-        # (no exports as chunks commit: their instances are known once the tracking is
-        # done, so `run` exports at its finish)
-        ConceptTracker(predictor, store, resolved.concepts, features, supply).run(quiet)
+        ConceptTracker(predictor, store, resolved.concepts, features, supply, on_commit).run(quiet)
     sweep(store)
     n = len(store.array("masks").attrs.get("object_ids", []))
     log.result(f"track: {n} instances of {', '.join(resolved.concepts)} in {store.path}", quiet)
@@ -356,6 +359,11 @@ def check_family(model: str, prompts: list, options: dict) -> None:
     written: SAM 2's options (`options`: as resolved, or those asked, None where not), and
     what transformers' own session fails on."""
     family = family_of(model)
+    if family.detects:
+        raise BadInput(
+            f"{model} tracks concept prompts (--concept); to track clicked objects use "
+            f"--model sam3-tracker"
+        )
     if not family.session_tracker:
         return
     for option, asked in (

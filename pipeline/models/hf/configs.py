@@ -157,8 +157,14 @@ def sam3_video_config(image_size: int, mini: bool):
             setattr(config, name, value)
         config.initializer_range = 0.1
         config.detector_config.initializer_range = 0.1
-        for name in ("vision_config", "text_config", "geometry_encoder_config",
-                     "detr_encoder_config", "detr_decoder_config", "mask_decoder_config"):
+        for name in (
+            "vision_config",
+            "text_config",
+            "geometry_encoder_config",
+            "detr_encoder_config",
+            "detr_decoder_config",
+            "mask_decoder_config",
+        ):
             sub = getattr(config.detector_config, name)
             sub.initializer_range = 0.1
             if getattr(sub, "backbone_config", None) is not None:

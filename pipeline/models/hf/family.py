@@ -14,7 +14,6 @@ from segpipe.errors import BadInput
 from segpipe.models.base import ModelFamily, Sizes, Weights
 from segpipe.models.hf import configs
 
-
 FILES = ["*.json", "*.safetensors"]  # a repository's config and weights (not its .pt files)
 
 
@@ -275,10 +274,15 @@ class Sam3Video(HfVideo):
     def encode(self, predictor, images) -> list:
         """The vision backbone's output as the neck takes it, (N, C, H/14, W/14): one level,
         from which the detector's and the tracker's necks are computed as they track."""
+        import torch
+
         vision = predictor.model.detector_model.vision_encoder
-        hidden = vision.backbone(images).last_hidden_state
-        n, side = hidden.shape[0], images.shape[-1] // self.multiple
-        return [hidden.view(n, side, side, -1).permute(0, 3, 1, 2)]
+        side = images.shape[-1] // self.multiple
+        # one frame at a time, as transformers' session encodes them (a batch's kernels
+        # may round otherwise)
+        hidden = torch.cat([vision.backbone(images[i : i + 1]).last_hidden_state
+                            for i in range(len(images))])  # fmt: skip
+        return [hidden.view(len(images), side, side, -1).permute(0, 3, 1, 2)]
 
     def feature_sizes(self, predictor) -> list:
         side = predictor.image_size // self.multiple
@@ -286,9 +290,11 @@ class Sam3Video(HfVideo):
 
     def sizes(self, model) -> Sizes:
         # one level: the backbone's, 1024 wide (the -mini's 96) at one value a patch
-        width = configs.SAM3_TRACKER_MINI["backbone"]["hidden_size"] if model.endswith(
-            "-mini"
-        ) else 1024
+        width = (
+            configs.SAM3_TRACKER_MINI["backbone"]["hidden_size"]
+            if model.endswith("-mini")
+            else 1024
+        )
         return Sizes(64, 256, 7, 16, ((width, self.multiple, 1),), None, 4)
 
 

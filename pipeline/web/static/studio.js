@@ -868,6 +868,7 @@ function wire() {
   $("undo").onclick = () => guarded(() => stepHistory("undo"));
   $("redo").onclick = () => guarded(() => stepHistory("redo"));
   $("track").onclick = () => guarded(track);
+  $("find").onclick = () => guarded(findConcepts);
   $("track-forward").onclick = () => guarded(() => trackFromHere(true));
   $("track-backward").onclick = () => guarded(() => trackFromHere(false));
   $("cancel").onclick = () => guarded(() => api("cancel", json({})));
@@ -932,6 +933,12 @@ function wire() {
 
 async function track() {
   await api("track", json({ direction: $("direction").value, frames: [0, null] }));
+}
+
+// every instance of the phrases in the concept box (`segpipe track --concept`)
+async function findConcepts() {
+  const concepts = $("concept").value.split(",").map((c) => c.trim());
+  await api("track", json({ concepts }));
 }
 
 // "track from here": the tracking window of `segpipe track --frames A:B`, forward from this
