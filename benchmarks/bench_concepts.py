@@ -5,7 +5,9 @@ model-input frames, weights and concept. Per side and length: the peak RSS of th
 and seconds per frame of the tracking alone (the model built and the frames encoded
 before the clock starts: segpipe's from its stored features, transformers' encoding each
 frame as it goes, as its session does; so segpipe's column is the time beside a stored
-encode, whose own time per frame is printed too).
+encode, whose own time per frame is printed too). Both sides track at most
+`--max-objects` instances at once (the model's own `max_num_objects`), so what grows with
+the video is what each side keeps, not the work random weights make.
 
     python benchmarks/bench_concepts.py                       # sam3-video-mini at 112, 40 and 160 frames
     python benchmarks/bench_concepts.py --model sam3-video --size 1008 --lengths 40 160   # a GPU
@@ -31,6 +33,7 @@ from segpipe.stages.encode import encode
 from segpipe.stages.track.stage import track
 store, name, size, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 model = build_model(name, size, Weights(random_seed=0), device)
+model.model.max_num_objects = int(sys.argv[5])
 quiet = Execution(progress=False, device=device)
 start = time.perf_counter()
 encode(store, Encoding(model=name, random_weights=0), quiet, predictor=model)
@@ -49,6 +52,7 @@ store, name, size, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv
 torch.manual_seed(0)
 net = _load(CLASSES["sam3-video"][0])(sam3_video_config(size, name.endswith("-mini")))
 net = net.to(device).eval()
+net.max_num_objects = int(sys.argv[5])
 group = zarr.open_group(store, mode="r")
 H, W = group.attrs["video"]["height"], group.attrs["video"]["width"]
 video = pixel_values(group["frames"][...], "sam3-video")
@@ -69,19 +73,20 @@ print(json.dumps({"track": time.perf_counter() - start, "instances": len(ids)}))
 """
 
 
-def bench(model: str, size: int, frames: int, device: str, work: Path) -> list:
+def bench(model: str, size: int, frames: int, device: str, most: int, work: Path) -> list:
     clip = work / f"clip{frames}.mp4"
     pictures, _ = make_sample.make_clip(num_frames=frames, width=320, height=240, seed=1)
     make_sample.write_video(clip, pictures)
     rows = []
     store = work / f"s{frames}.zarr"
     measure(segpipe("decode", clip, "--store", store, "--image-size", size, "--chunk-size", 8))
-    _, rss, stdout = measure(python(SEGPIPE) + [str(store), model, str(size), device])
+    given = [str(store), model, str(size), device, str(most)]
+    _, rss, stdout = measure(python(SEGPIPE) + given)
     got = json.loads(stdout.strip().splitlines()[-1])
     n = len(json.loads((store / "masks" / "zarr.json").read_text())["attributes"]["object_ids"])
     rows.append(["segpipe (chunks of 8)", frames, 1000 * got["track"] / frames,
                  1000 * got["encode"] / frames, rss, n])  # fmt: skip
-    _, rss, stdout = measure(python(TRANSFORMERS) + [str(store), model, str(size), device])
+    _, rss, stdout = measure(python(TRANSFORMERS) + given)
     got = json.loads(stdout.strip().splitlines()[-1])
     rows.append(["transformers session", frames, 1000 * got["track"] / frames, None, rss,
                  got["instances"]])  # fmt: skip
@@ -94,17 +99,27 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=112)
     parser.add_argument("--lengths", type=int, nargs="+", default=[40, 160])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--max-objects",
+        type=int,
+        default=8,
+        help="the model's max_num_objects on both sides: live instances bounded, so the "
+        "memory reflects the video's length, not how many instances random weights find",
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for frames in args.lengths:
-            rows += bench(args.model, args.size, frames, args.device, Path(tmp))
+            rows += bench(args.model, args.size, frames, args.device, args.max_objects, Path(tmp))
             print(f"{frames} frames: done", file=sys.stderr)
     header = [
         "who", "frames", "track ms/frame", "encode ms/frame", "peak RSS MiB",
         "instances (seg: shown; tf: ever tracked)",
     ]  # fmt: skip
-    print(f"{args.model} at {args.size}, seeded random weights, concept 'fish', {args.device}")
+    print(
+        f"{args.model} at {args.size}, seeded random weights, concept 'fish', {args.device}, "
+        f"at most {args.max_objects} instances tracked at once"
+    )
     print(table(header, rows))
 
 

@@ -41,7 +41,10 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
 
     decoding, encoding = settings.decoding.check(), settings.encoding.check()
     execution, output = settings.execution.check(), settings.output.check(FORMATS)
-    output = Output(output.keep, tuple(output.formats(run_formats())))
+    formats = run_formats()
+    if settings.tracking.concepts:  # instance ids grow past DAVIS's 255
+        formats = [f for f in formats if f != "davis"]
+    output = Output(output.keep, tuple(output.formats(formats)))
     if execution.on_dask:
         refuse_on_dask(output.keep)
     loaded = None
@@ -68,6 +71,8 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     size = decoding.image_size or DEFAULTS["image_size"]
     family_of(model).check_size(model, size)
     # (a transformers checkpoint's config says its size; SAM 2's checkpoint is not opened)
+    if settings.tracking.concepts:  # its tokenizer counts them (no model built)
+        family_of(model).check_concepts(model, settings.tracking.check_concepts(), weights)
     made_at = trained_size(weights) if family_of(model).session_tracker else None
     if made_at not in (None, size):
         raise BadInput(f"{model}'s checkpoint is made for --image-size {made_at}, not {size}")

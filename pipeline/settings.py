@@ -130,13 +130,12 @@ class Tracking:
         if isinstance(self.concepts, str):
             raise BadInput("concepts is a list of phrases, e.g. concepts=('fish',)")
         concepts = tuple(str(c).strip() for c in self.concepts)
+        if not concepts:
+            raise BadInput("no concept given: name what to find, e.g. --concept fish")
         if not all(concepts):
             raise BadInput("--concept is empty: name what to find, e.g. --concept fish")
         if len(set(concepts)) < len(concepts):
             raise BadInput("a --concept is given twice")
-        long = [c for c in concepts if len(c) > 30]
-        if long:  # the text encoder reads 32 tokens, its start and end among them
-            raise BadInput(f"--concept {long[0]!r} is longer than 30 characters")
         if self.direction not in (None, "forward"):
             raise BadInput("concept prompts track forward from frame 0 (--direction forward)")
         if self.frames is not None:

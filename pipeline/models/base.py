@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from segpipe.errors import BadInput
 from segpipe.sources.identity import file_identity
 
 
@@ -76,6 +77,10 @@ class ModelFamily:
     detects: bool = False  # takes concept prompts (a detector: SAM 3's concept model)
 
     native_size: int | None = None  # its input size, where not the command line's 1024
+
+    def check_concepts(self, model: str, concepts, weights: "Weights") -> None:
+        """Refuse concepts this family cannot take (`BadInput`), before anything is made."""
+        raise BadInput(f"{model} has no detector: concept prompts need --model sam3-video")
 
     def check_size(self, model: str, image_size: int) -> None:
         """Refuse an input size `model` cannot take (`BadInput`), before anything is made."""

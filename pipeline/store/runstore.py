@@ -353,7 +353,9 @@ class RunStore:
         trash = self.trash_of(self.path)  # (what a killed removal left: emptied at open)
         remove_tree(self.path / name, trash)
         empty_trash(trash)
-        for ledger in self._ledgers.values():  # a deleted ledger (or its folder) is read again
+        for ledger in list(
+            self._ledgers.values()
+        ):  # a deleted ledger (or its folder) is read again
             if ledger.name == name or ledger.name.startswith(name.rstrip("/") + "/"):
                 ledger._done = None
 

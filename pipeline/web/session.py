@@ -656,6 +656,8 @@ class Studio:
         if done >= total:
             return None
         said = f"tracking interrupted at {done}/{total} frames"
+        if settings.get("concepts"):
+            return done, total, f"{said}: Find {', '.join(settings['concepts'])} resumes it"
         if not self._tracked_prompts(settings):
             return done, total, f"{said}, with other prompts than these: Track starts over"
         if "frames" in settings:  # a window: Track (the whole video) would start over

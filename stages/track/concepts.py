@@ -301,8 +301,8 @@ class ConceptTracker:
         store.sync_chunk(written, k)
         store.commit_array(name)
         store.commit_objects("forward", k, [0], [], [])  # the ledger entry, last
-        if store.array(f"{ROOT}/{k - 2}") is not None:  # a restart reads the last one only
-            store.delete(f"{ROOT}/{k - 2}")
+        for old in [n for n in store.group[ROOT].array_keys() if int(n) < k - 1]:
+            store.delete(f"{ROOT}/{old}")  # a restart reads the last one committed only
         if self.on_commit is not None:
             self.on_commit("forward", k)
 

@@ -250,6 +250,7 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
             space.before_track(store)
         env = environment.of_work(device, predictor, cluster)
         environment.check(store, env, execution.allow_env_change, quiet)
+    family_of(spec["name"]).check_concepts(spec["name"], resolved.concepts, weights)
     if again:
         prepare_concepts(store, settings, quiet)
     if not todo:

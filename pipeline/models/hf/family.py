@@ -15,6 +15,7 @@ from segpipe.models.base import ModelFamily, Sizes, Weights
 from segpipe.models.hf import configs
 
 FILES = ["*.json", "*.safetensors"]  # a repository's config and weights (not its .pt files)
+TEXT_TOKENS = 32  # what `Sam3VideoProcessor.add_text_prompt` pads a concept to
 
 
 @dataclass
@@ -270,6 +271,17 @@ class Sam3Video(HfVideo):
         folder = None if weights.checkpoint is None else Path(weights.checkpoint).parent
         predictor.tokenizer = configs.tokenizer(folder)
         return predictor
+
+    def check_concepts(self, model: str, concepts, weights: Weights) -> None:
+        """Refuse a concept longer than its processor pads a text to (32 tokens, its start
+        and end among them: its text encoder reads no more), counted by the model's own
+        tokenizer (no model built)."""
+        folder = None if weights.checkpoint is None else Path(weights.checkpoint).parent
+        tokenize = configs.tokenizer(folder)
+        for c in concepts:
+            n = len(tokenize(c, verbose=False).input_ids)
+            if n > TEXT_TOKENS:
+                raise BadInput(f"--concept {c!r} is {n} tokens: {model} reads {TEXT_TOKENS}")
 
     def encode(self, predictor, images) -> list:
         """The vision backbone's output as the neck takes it, (N, C, H/14, W/14): one level,
