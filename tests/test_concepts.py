@@ -158,6 +158,7 @@ def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
         (["--concept", ""], "--concept is empty"),
         (["--concept", "fish", "--direction", "reverse"], "forward from frame 0"),
         (["--concept", "fish", "--frames", "0:8"], "whole video"),
+        (["--concept", "x" * 31], "33 tokens"),
     ):
         assert_user_error(segpipe("track", "--store", other, *more), said)
     assert tree_digest(other) == before

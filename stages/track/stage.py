@@ -227,7 +227,7 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
     spec = store.attrs.get("model")
     if spec is None:
         raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
-    if not getattr(family_of(spec["name"]), "detects", False):
+    if not family_of(spec["name"]).detects:
         raise BadInput(
             f"{spec['name']} has no detector: concept prompts need --model sam3-video "
             f"(a new --store)"
@@ -237,6 +237,7 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
     resolved = tracking.resolve(store, None)
     settings = concept_settings(resolved.concepts, resolved.options)
     weights, seed = embeddings_weights(store, spec, encoding.checkpoint)
+    family_of(spec["name"]).check_concepts(spec["name"], resolved.concepts, weights)
     if seed is not None:
         log.warn("random weights: masks from them mean nothing")
     again = execution.force or stored_settings(store) != settings
@@ -250,7 +251,6 @@ def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, 
             space.before_track(store)
         env = environment.of_work(device, predictor, cluster)
         environment.check(store, env, execution.allow_env_change, quiet)
-    family_of(spec["name"]).check_concepts(spec["name"], resolved.concepts, weights)
     if again:
         prepare_concepts(store, settings, quiet)
     if not todo:
