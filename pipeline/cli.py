@@ -402,7 +402,6 @@ def track(store, prompts, labels, **options):
       segpipe track --store clip.zarr --prompts prompts.json --direction both
       segpipe track --store clip.zarr --frames 0:8 --direction forward --workers 2 --groups 3
       segpipe track --store clip.zarr --labels names.json
-      segpipe track --store cells.zarr --concept cell
     """
     with writing(store):
         named = None if labels is None else load_labels(labels)  # checked before any write
@@ -539,8 +538,8 @@ def run(video, store, prompts, exports, **options):
           --keep masks --chunk-size 4
       segpipe run clip.mp4 --store clip.zarr --prompts prompts.json --model segpipe_tiny \\
           --workers 2
-      segpipe run fish.mp4 --store fish.zarr --concept fish --model sam3-video \\
-          --checkpoint hf:facebook/sam3
+      segpipe run clip.mp4 --store fish.zarr --concept fish --model sam3-video-mini \\
+          --random-weights 0 --image-size 112
     """
     formats = (
         None
