@@ -44,7 +44,11 @@ def build_model(
     `non_overlap_masks` (each pixel to the highest-scoring object only). Neither touches
     the image encoder: they change tracking, not embeddings."""
     options = {"postprocessing": postprocessing, "non_overlap": non_overlap}
-    return family_of(model).build(model, image_size, weights, device, options)
+    with BUILDING:  # seeded random weights draw from torch's one generator: a build at a time
+        return family_of(model).build(model, image_size, weights, device, options)
+
+
+BUILDING = threading.RLock()  # (the studio builds its preview's model beside a job's)
 
 
 def made_by_shipped_weights(spec: dict) -> bool:

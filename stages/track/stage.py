@@ -148,28 +148,21 @@ def track(
     """Track from `prompts` (a file path, entries or `Prompt`s), or (without them) from the
     store's prompts (`next_prompts`: segpipe studio's saved draft, else those of the last
     track; with `draft` False, those of the last track: a repair), resuming or repairing
-    whatever is not done.
+    whatever is not done; or the concepts of `tracking` (or the store's: `_concepts_asked`).
 
-    `tracking` (None: all the store's) says what is computed; what it leaves None is the store's,
-    else the default (`Tracking.resolve`). Of `encoding`, the `checkpoint` and `batch_size`:
-    chunks without features on disk are encoded as the passes reach them (see `supply`).
-    `execution`: the device, progress, `force` (track anew), `groups` (of objects, one after
-    another here, side by side on Dask workers; one under non-overlap or `object_batch`:
-    `stages.track.groups`) and `allow_env_change` (the store is computed in one environment:
-    `segpipe.environment`). `on_commit(direction, chunk)` is called after each chunk a pass
-    commits (`run` and the dataset command export it then). With `cluster`
-    (`segpipe.dask.client`), the passes run on Dask workers (`segpipe.dask.tasks`). `space`
-    (`segpipe.space.SpaceGuard`, `run`'s) is asked before the first write, when there is work."""
+    `tracking` (None: all the store's) says what is computed; what it leaves None is the
+    store's, else the default (`Tracking.resolve`). `encoding`: the `checkpoint`, and the
+    `batch_size` of chunks encoded as the passes reach them (`supply`). `execution`: the
+    device, progress, `force` (track anew), `groups` (of objects: `stages.track.groups`) and
+    `allow_env_change` (`segpipe.environment`). `on_commit(direction, chunk)` is called after
+    each chunk a pass commits (`run` and the dataset command export it then). `cluster`:
+    Dask workers run the passes. `space` (`run`'s) is asked before the first write."""
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
-    recorded = (stored_settings(store) or {}).get("concepts")
-    if recorded and prompts is None and not (tracking and tracking.concepts):
-        tracking = replace(tracking or Tracking(), concepts=tuple(recorded))  # a resume
-    if tracking is not None and tracking.concepts:
-        return _track_concepts(
-            store, tracking, encoding, execution, predictor, on_commit, cluster, space
-        )
+    if (concepts := _concepts_asked(store, prompts, tracking)) is not None:
+        asked = (store, concepts, encoding, execution, predictor, on_commit, cluster, space)
+        return _track_concepts(*asked)
     plan, spec, prompts, weights, named = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
     check_family(spec["name"], prompts, resolved.options)
@@ -199,6 +192,17 @@ def track(
     sweep(store)  # under --keep masks: what a crash left between a chunk's last use and its drop
     _say_tracked(store, prompts, quiet)
     return store
+
+
+def _concepts_asked(store: RunStore, prompts, tracking: Tracking | None) -> Tracking | None:
+    """The concept tracking asked for: `tracking`'s concepts, or without them nor prompts,
+    the store's (a resume); None: the prompts' objects are tracked."""
+    if tracking is not None and tracking.concepts:
+        return tracking
+    recorded = (stored_settings(store) or {}).get("concepts")
+    if recorded and prompts is None:
+        return replace(tracking or Tracking(), concepts=tuple(recorded))
+    return None
 
 
 def concept_settings(concepts, options: dict) -> dict:
