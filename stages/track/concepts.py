@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from segpipe import log
 from segpipe.behind import Behind
-from segpipe.stages.track.session import empty_session
+from segpipe.stages.track.session import dtype_name, empty_session, from_raw, raw_bytes
 from segpipe.stages.track.tracker import pack_bits
 from segpipe.store.layout import TRACK_ARRAYS
 from segpipe.store.masks import packed_size, row_bands, write_packed
@@ -338,10 +338,6 @@ class ConceptTracker:
 
 
 # -- the snapshot ----------------------------------------------------------------------------
-def _raw(t: torch.Tensor) -> np.ndarray:
-    return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
-
-
 def snapshot(session) -> dict:
     """The session's instances and association state, on the host: tensors as raw bytes
     (`data`) and where each lies (`tensors`), the state as JSON (`state`). The outputs
@@ -354,8 +350,8 @@ def snapshot(session) -> dict:
         for kind in ("cond_frame_outputs", "non_cond_frame_outputs"):
             for t, entry in outputs[kind].items():
                 for key, value in entry.items():
-                    raw = _raw(value)
-                    where.append([obj_id, kind, int(t), key, str(value.dtype)[6:],
+                    raw = raw_bytes(value)
+                    where.append([obj_id, kind, int(t), key, dtype_name(value),
                                   list(value.shape), offset, raw.size])  # fmt: skip
                     parts.append(raw)
                     offset += raw.size
@@ -387,8 +383,7 @@ def restore(session, attrs: dict, data: np.ndarray, device) -> None:
     for i in ids:  # the instances in the session's order
         session.obj_id_to_idx(i)
     for obj_id, kind, t, key, dtype, shape, offset, size in attrs["tensors"]:
-        raw = torch.from_numpy(np.ascontiguousarray(data[offset : offset + size]))
-        value = raw.view(getattr(torch, dtype)).reshape(shape).to(device)
+        value = from_raw(data[offset : offset + size], dtype, shape, device)
         outputs = session.output_dict_per_obj[session._obj_id_to_idx[obj_id]][kind]
         outputs.setdefault(int(t), {})[key] = value
     ints = lambda d: {int(k): v for k, v in d.items()}  # noqa: E731

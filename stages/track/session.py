@@ -287,16 +287,16 @@ STORED = ("object_pointer", "object_score_logits", "maskmem_features")
 POINTER = ("object_pointer", "object_score_logits")
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
+def raw_bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
 
 
-def _tensor(a: np.ndarray, dtype: str, shape: list, device) -> torch.Tensor:
+def from_raw(a: np.ndarray, dtype: str, shape: list, device) -> torch.Tensor:
     flat = torch.from_numpy(np.ascontiguousarray(a)).view(getattr(torch, dtype))
     return flat.reshape(shape).to(device)
 
 
-def _dtype(t: torch.Tensor) -> str:
+def dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
@@ -321,14 +321,14 @@ class SessionMemory:
             for j, (t, out) in enumerate(sorted(cond.items())):
                 frame[o, j] = t
                 for key in PROMPTED:
-                    b = _bytes(out[key])
+                    b = raw_bytes(out[key])
                     if key not in datas:
                         datas[key] = np.zeros((self.objects, K, b.size), np.uint8)
                         kinds[key] = {
-                            "dtype": _dtype(out[key]),
+                            "dtype": dtype_name(out[key]),
                             "shapes": [[None] * K for _ in conds],
                         }
-                    assert kinds[key]["dtype"] == _dtype(out[key]), f"{key}: dtypes differ"
+                    assert kinds[key]["dtype"] == dtype_name(out[key]), f"{key}: dtypes differ"
                     datas[key][o, j] = b
                     kinds[key]["shapes"][o][j] = list(out[key].shape)
         self._create("prompted_frame", frame)
@@ -354,7 +354,7 @@ class SessionMemory:
             for t, entry in sorted(outputs["non_cond_frame_outputs"].items()):
                 if "maskmem_pos_enc" in entry:
                     assert torch.equal(entry["maskmem_pos_enc"], pos), "a frame's own encoding"
-                entries[t] = {k: (_bytes(v), v) for k, v in entry.items() if k in STORED}
+                entries[t] = {k: (raw_bytes(v), v) for k, v in entry.items() if k in STORED}
             out[session.obj_idx_to_id(o)] = entries
         return {"objects": [out[i] for i in ids]}
 
@@ -369,7 +369,7 @@ class SessionMemory:
             for j, (t, entry) in enumerate(tracked.items()):
                 frame[0, o, j], memory[0, o, j] = t, "maskmem_features" in entry
                 for key, (b, like) in entry.items():
-                    kind = {"dtype": _dtype(like), "shape": list(like.shape)}
+                    kind = {"dtype": dtype_name(like), "shape": list(like.shape)}
                     if key not in datas:
                         datas[key] = np.zeros((1, self.objects, W, b.size), np.uint8)
                         kinds[key] = kind
@@ -424,7 +424,7 @@ class SessionMemory:
             for j, t in enumerate(frames[o]):
                 if t >= 0:
                     outputs["cond_frame_outputs"][int(t)] = {
-                        k: _tensor(data[o, j], attrs["dtype"], attrs["shapes"][o][j], device)
+                        k: from_raw(data[o, j], attrs["dtype"], attrs["shapes"][o][j], device)
                         for k, (data, attrs) in prompted.items()
                     }
             pos = next(iter(outputs["cond_frame_outputs"].values()))["maskmem_pos_enc"]
@@ -433,7 +433,7 @@ class SessionMemory:
                     continue
                 keys = STORED if recent_memory[o, j] else POINTER
                 entry = {
-                    k: _tensor(
+                    k: from_raw(
                         recent[k][0][o, j], recent[k][1]["dtype"], recent[k][1]["shape"], device
                     )
                     for k in keys

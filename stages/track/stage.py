@@ -88,21 +88,7 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     if store.attrs.get("track") is not None:
         log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
     reset_from(store, "track")
-    O = len(settings["object_ids"])
-    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
-    # one zarr chunk per object and band of rows: one in RAM is small, whatever the objects
-    store.create_array(
-        "masks",
-        (T, O, H, W),
-        mask_chunks(C, H, W),
-        "bool",
-        fill_value=False,
-        attributes={"object_ids": settings["object_ids"]},
-    )
-    # one zarr chunk per object: groups of objects tracked side by side write apart
-    store.create_array("object_scores", (T, O), (C, 1), "float32", fill_value=np.nan)
-    store.create_array("object_areas", (T, O), (C, 1), "int64", fill_value=0)
-    store.create_array("tracked", (T, O), (C, 1), "bool", fill_value=False)
+    create_results(store, len(settings["object_ids"]), {"object_ids": settings["object_ids"]})
     if len(masks):
         store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[
             ...
@@ -113,6 +99,21 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     )
     store.set_attrs(track=settings)
     drop_draft(store)  # the prompts tracked are the store's now
+
+
+def create_results(store: RunStore, objects: int, attributes: dict) -> None:
+    """The tracking's results arrays for `objects` objects (`attributes`: the masks')."""
+    T, C = store.plan.num_frames, store.chunk_size
+    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
+    # one zarr chunk per object and band of rows: one in RAM is small, whatever the objects
+    store.create_array(
+        "masks", (T, objects, H, W), mask_chunks(C, H, W), "bool", fill_value=False,
+        attributes=attributes,
+    )  # fmt: skip
+    # one zarr chunk per object: groups of objects tracked side by side write apart
+    store.create_array("object_scores", (T, objects), (C, 1), "float32", fill_value=np.nan)
+    store.create_array("object_areas", (T, objects), (C, 1), "int64", fill_value=0)
+    store.create_array("tracked", (T, objects), (C, 1), "bool", fill_value=False)
 
 
 def write_untracked(store: RunStore, chunks) -> None:
@@ -287,14 +288,7 @@ def prepare_concepts(store: RunStore, settings: dict, quiet: bool) -> None:
     if store.attrs.get("track") is not None:
         log.info("track: starting over (concepts or options changed, or --force)", quiet)
     reset_from(store, "track")
-    H, W = store.attrs["video"]["height"], store.attrs["video"]["width"]
-    store.create_array(
-        "masks", (T, 0, H, W), mask_chunks(C, H, W), "bool", fill_value=False,
-        attributes={"object_ids": [], "concept_ids": []},
-    )  # fmt: skip
-    store.create_array("object_scores", (T, 0), (C, 1), "float32", fill_value=np.nan)
-    store.create_array("object_areas", (T, 0), (C, 1), "int64", fill_value=0)
-    store.create_array("tracked", (T, 0), (C, 1), "bool", fill_value=False)
+    create_results(store, 0, {"object_ids": [], "concept_ids": []})
     store.create_array("instances", (ChunkPlan(T, C).num_chunks,), (1,), "int32", fill_value=-1)
     store.set_attrs(track=settings)
     drop_draft(store)
