@@ -164,7 +164,8 @@ CONCEPT = click.option(
     metavar="PHRASE",
     help="Find and track every instance of PHRASE (a short noun phrase: fish, cell, "
     "person) with SAM 3's concept model (--model sam3-video), forward from frame 0; "
-    "repeat for several. New instances get new ids as they appear.",
+    "repeat for several. New instances get new ids as they appear; --prompts beside it "
+    "adds clicked objects, tracked forward by SAM 3's tracker.",
 )
 
 WINDOW = click.option(

@@ -387,10 +387,10 @@ class Later:
             encoding.embedding_dtype,
             encoding.precision,
             prompts,
-            tracking.direction,
+            tracking.direction or ("forward" if tracking.concepts else None),
             tracking.object_start,
             tracking.frames,
-            len(settings.output.exports) if prompts is not None else 0,
+            len(settings.output.exports) if prompts is not None or tracking.concepts else 0,
             settings.execution.device,
             encoding.model,
         )

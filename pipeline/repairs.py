@@ -71,8 +71,8 @@ def scan(store: RunStore) -> tuple[list[Damage], dict[str, set[int]]]:
 
     _scan_frame_arrays(store, done, is_done, found, redo)
     track = store.attrs.get("track")
-    if track is None:
-        return found, redo
+    if track is None or track.get("concepts"):  # a concept tracking's results and memory
+        return found, redo  # are not checked yet (`track --force` tracks them anew)
     if "frame_count" not in store.attrs:  # tracked alongside a decode, both stopped
         raise StoreNotReady(
             f"store {store.path} stopped while it decoded and tracked at once: run `segpipe "

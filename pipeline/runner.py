@@ -49,7 +49,7 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
         refuse_on_dask(output.keep)
     loaded = None
     if settings.tracking.concepts:
-        check_concepts(prompts, settings.tracking, execution)
+        check_concepts(settings.tracking, execution)
     if prompts is not None:
         args = (decoding.stream, decoding.fps, store)
         loaded = check_prompts(video, prompts, output.exports, *args)
@@ -62,7 +62,8 @@ def settled(video, store, prompts, settings: Settings) -> Settings:
     if loaded is not None:  # what the family's tracking refuses, said before the decode
         t = settings.tracking
         asked = {"non_overlap": t.non_overlap, "object_start": t.object_start}
-        check_family(model, loaded, {**asked, "object_batch": t.object_batch or 1})
+        options = {**asked, "object_batch": t.object_batch or 1}
+        check_family(model, loaded, options, concepts=bool(t.concepts))
     if decoding.image_size is not None:  # before any download
         family_of(model).check_size(model, decoding.image_size)
     # (`sized` finds the weights: none, said now, before anything is written)
@@ -113,13 +114,8 @@ def run(video, store, prompts, settings: Settings, space, cluster) -> None:
             alongside.close()
 
 
-def check_concepts(prompts, tracking, execution) -> None:
+def check_concepts(tracking, execution) -> None:
     """A concept tracking's settings checked before anything is written."""
-    if prompts is not None:
-        raise BadInput(
-            "--concept and --prompts in one tracking are not supported yet: track the "
-            "concepts, then click objects in another store"
-        )
     tracking.check_concepts()
     if execution.on_dask:
         raise BadInput("concept prompts are tracked in one process so far (no --workers)")

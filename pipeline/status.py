@@ -121,14 +121,16 @@ def _stages_and_orders(store: RunStore, attrs: dict, T: int | None, C: int) -> t
 
 
 def _concepts(store: RunStore, track: dict | None) -> dict | None:
-    """A concept tracking's concepts, the instances found so far (their ids), and per
-    chunk committed the instances it shows (-1: not tracked yet)."""
+    """A concept tracking's concepts, the instances found so far (their ids: not the
+    objects clicked beside them, listed with `objects`), and per chunk committed the
+    instances it shows (-1: not tracked yet)."""
     if not (track or {}).get("concepts"):
         return None
     counts = store.array("instances")
+    clicked = {entry["object"] for entry in track.get("prompts", [])}
     return {
         "concepts": list(track["concepts"]),
-        "instance_ids": tracked_ids(store, track),
+        "instance_ids": [i for i in tracked_ids(store, track) if i not in clicked],
         "per_chunk": [] if counts is None else [int(n) for n in counts[...]],
     }
 

@@ -189,21 +189,54 @@ def concept_oracle(store_path, concepts: list[str], model, tokenizer):
     return frames, {"removed": set(session.hotstart_removed_obj_ids), "shown": shown}
 
 
-def assert_concepts_as_transformers(store_path, oracle) -> None:
+@torch.inference_mode()
+def click_oracle(store_path, prompts_path, concept_model) -> Oracle:
+    """The objects clicked beside concepts as transformers tracks them with SAM 3's tracker
+    alone: `Sam3TrackerVideoModel` loaded by transformers from the concept model's
+    checkpoint (saved here; transformers maps its detector's backbone, tracker neck and
+    tracker), in one session over the whole video, forward from the earliest prompt
+    (`hf_oracle`'s "forward"; frames before it untracked: no mask, NaN scores).
+
+    Loaded weights lie where the safetensors file put them, not 64-byte aligned as a built
+    model's: on this CPU a matrix product's last bits depend on that alignment (its kernels
+    split the work by it), so the loaded tensors are copied to fresh memory first, as the
+    concept model segpipe builds holds them. Their values are transformers' load's."""
+    import tempfile
+
+    from transformers import Sam3TrackerVideoModel
+
+    with tempfile.TemporaryDirectory() as folder:
+        concept_model.save_pretrained(folder)
+        tracker = Sam3TrackerVideoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    for t in [*tracker.parameters(), *tracker.buffers()]:
+        t.data = t.data.clone()
+    return hf_oracle(store_path, prompts_path, "sam3-tracker", tracker)
+
+
+def assert_concepts_as_transformers(store_path, oracle, clicks: Oracle | None = None) -> None:
     """The store's masks, ids and scores are the oracle's, frame by frame: every instance
     the oracle shows on a frame, and none other, with its mask and score bit for bit
-    (segpipe's object id is transformers' + 1). Every chunk committed (a missing chunk is
-    not read as fill)."""
+    (segpipe's object id is transformers' + 1, past the clicked objects' ids). The objects
+    clicked beside the concepts, in the first columns, are `clicks`' forward pass's, every
+    frame. Every chunk committed (a missing chunk is not read as fill)."""
     from segpipe.store.runstore import RunStore
 
     store = RunStore.open(store_path, read_only=True)
     assert store.pass_ledger("forward").count() == store.plan.num_chunks
     masks = store.array("masks")
-    ids = [i - 1 for i in masks.attrs["object_ids"]]
+    m, s = masks[...], store.array("object_scores")[...]
+    P = 0 if clicks is None else clicks.masks["forward"].shape[1]
+    if clicks is not None:
+        clicked = [e["object"] for e in store.attrs["track"]["prompts"]]
+        assert masks.attrs["object_ids"][:P] == list(dict.fromkeys(clicked))
+        assert np.array_equal(m[:, :P], clicks.masks["forward"]), "a clicked object's mask"
+        assert np.array_equal(s[:, :P], clicks.scores["forward"], equal_nan=True), "a score"
+    base = max(masks.attrs["object_ids"][:P], default=0)
+    ids = [i - 1 - base for i in masks.attrs["object_ids"][P:]]
     assert ids == list(masks.attrs["concept_ids"])
     seen = {i for shown in oracle.values() for i in shown}
     assert sorted(ids) == sorted(seen), (ids, seen)
-    m, s = masks[...], store.array("object_scores")[...]
+    m, s = m[:, P:], s[:, P:]
     for t, shown in oracle.items():
         for c, i in enumerate(ids):
             if i in shown:

@@ -3,7 +3,9 @@ seeded random weights) tracked chunk by chunk by segpipe, bit for bit transforme
 `Sam3VideoModel` processing the whole video in one session (`hf_oracle.concept_oracle`):
 masks, ids and scores, with instances appearing mid-video and others removed by its
 hotstart. Chunk sizes 1, 4 and 16, a kill -9 mid-run then a rerun under `--keep masks`, two
-concepts, exports and status; bad input refused in one line."""
+concepts, exports and status; objects clicked beside the concepts, bit for bit transformers'
+`Sam3TrackerVideoModel` loaded from the same checkpoint (`hf_oracle.click_oracle`), killed and
+resumed too; bad input refused in one line."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 
 import pytest
 from conftest import assert_user_error, ledger_records, run_code, segpipe, tree_digest
-from hf_oracle import assert_concepts_as_transformers, concept_oracle, hf_model
+from hf_oracle import assert_concepts_as_transformers, click_oracle, concept_oracle, hf_model
 from test_families import GatedHub
 from test_studio import browser, fetch, open_page  # noqa: F401 - (browser: a fixture)
 
@@ -44,6 +46,7 @@ def oracles(small, tmp_path_factory):
     for c in [("fish",), ("fish", "cell")]:
         out[c], info[c] = concept_oracle(store, list(c), net, tokenizer())
     out["info"] = info
+    out["clicks"] = click_oracle(store, small / "prompts.json", net)
     return out
 
 
@@ -92,6 +95,40 @@ def test_two_concepts_keep_their_instances_apart(small, oracles, tmp_path):
     assert tree_digest(store) == before
 
 
+def test_objects_clicked_beside_the_concepts(small, oracles, tmp_path):
+    """A point, a box and a mask (frames 5, 8 and 11) beside the concept: the clicked
+    objects are transformers' `Sam3TrackerVideoModel` (from the same checkpoint) tracking
+    them forward from frame 5, the instances still transformers' `Sam3VideoModel`'s, ids
+    past the largest clicked one (ids 7, 4, 9 here); the export carries both, `status`
+    tells them apart (with the name the prompts file gives), `track` alone or with the
+    concept alone keeps the store's clicks (nothing left: a no-op)."""
+    store = tmp_path / "s.zarr"
+    named = json.loads((small / "prompts.json").read_text())
+    ids = {1: 7, 2: 4, 3: 9}  # (the oracle's, renumbered: ids are labels to the model)
+    for p in named["prompts"]:
+        p["object"] = ids[p["object"]]
+        if "mask" in p:
+            p["mask"] = str(small / p["mask"])
+    named["objects"] = [{"id": 7, "name": "missed fish"}]
+    (tmp_path / "named.json").write_text(json.dumps(named))
+    clicks = ("--prompts", tmp_path / "named.json", "--export", "vis-json")
+    segpipe(*run_args(small, store, 4, *clicks), check=True)
+    assert_concepts_as_transformers(store, oracles[("fish",)], oracles["clicks"])
+    ids = RunStore.open(store).array("masks").attrs["object_ids"]
+    assert ids[:3] == [7, 4, 9] and min(ids[3:]) > 9
+    masks = json.loads((tmp_path / "s.export" / "masks.json").read_text())
+    assert sorted({a["object_id"] for a in masks["annotations"]}) == sorted(ids)
+    report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
+    assert [o["id"] for o in report["objects"]] == [7, 4, 9]
+    assert report["objects"][0]["name"] == "missed fish"
+    assert report["concepts"]["instance_ids"] == ids[3:]
+    before = tree_digest(store)
+    for more in ((), ("--concept", "fish")):
+        proc = segpipe("track", "--store", store, *more, check=True)
+        assert "already complete" in proc.stderr, proc.stderr
+    assert tree_digest(store) == before
+
+
 KILL = """
 import sys
 sys.path.insert(0, "tests")
@@ -101,36 +138,48 @@ kill_points.cli(sys.argv[3:])
 """
 
 
-@pytest.mark.parametrize("chunk,nth", [(4, 5), (1, 20)])
-def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path, chunk, nth):
+@pytest.mark.parametrize(
+    "chunk,nth,clicked", [(4, 5, False), (1, 20, False), (4, 5, True), (4, 1, True)]
+)
+def test_killed_mid_run_then_rerun_under_keep_masks(small, oracles, tmp_path, chunk, nth, clicked):
     """Killed halfway through writing the snapshot after chunk `nth` (chunks of 4: frames
-    20 to 23; of 1: frame 20, its output final once frame 23 is tracked): the chunks before
-    it committed, the rest redone from the snapshot before it, which holds live instances,
-    not tracked again, and the result transformers'."""
+    20 to 23; of 1: frame 20, its output final once frame 23 is tracked), or with objects
+    clicked beside the concept, through writing their memory after chunk 5 or 1 (before
+    the instances' snapshot; after chunk 0 nothing is tracked yet, the restart restores
+    their prompted memory alone): the chunks before it committed, the rest redone from the
+    snapshots before it, which hold live instances from chunk 4 on (and the clicked
+    objects' memory), not tracked again, and the result transformers'."""
     store = tmp_path / "s.zarr"
-    args = run_args(small, store, chunk, "--keep", "masks", "--export", "none")
-    killed = run_code(KILL, f"memory/concepts/{nth}/", 1, *args)
+    clicks = ("--prompts", small / "prompts.json") if clicked else ()
+    args = run_args(small, store, chunk, "--keep", "masks", "--export", "none", *clicks)
+    part = "forward/session/recent_maskmem_features/c" if clicked else "concepts"
+    killed = run_code(KILL, f"memory/{part}/{nth}/", 1, *args)
     assert killed.returncode == -9, killed.stderr
     opened = RunStore.open(store)
     assert opened.pass_ledger("forward").count() == nth  # the kill landed mid-run
     restored = opened.array(f"memory/concepts/{nth - 1}").attrs["state"]
-    assert restored["obj_ids"], "the restart restores no live instance"
+    assert bool(restored["obj_ids"]) == (nth * chunk >= 20), "live instances restored"
+    if clicked:  # every clicked object has frames in reach after chunk nth - 1 (none yet
+        in_reach = opened.read("memory/forward/session/recent_frame", nth - 1, nth)[0]
+        assert (in_reach >= 0).any(axis=1).all() == (nth > 1), in_reach  # after chunk 0)
     committed = dict(ledger_records(store, "track_forward"))
     segpipe(*args, check=True)
     again = ledger_records(store, "track_forward")
     assert all(again[k] == t for k, t in committed.items())  # not tracked again
-    assert_concepts_as_transformers(store, oracles[("fish",)])
+    assert_concepts_as_transformers(
+        store, oracles[("fish",)], oracles["clicks"] if clicked else None
+    )
     report = json.loads(segpipe("status", "--store", store, "--json", check=True).stdout)
     found = report["concepts"]
     assert found["concepts"] == ["fish"] and len(found["per_chunk"]) == 24 // chunk
     assert min(found["per_chunk"]) >= 0 and max(found["per_chunk"]) > 0
-    assert found["instance_ids"] == opened.array("masks").attrs["object_ids"]
+    assert found["instance_ids"] == opened.array("masks").attrs["object_ids"][3 if clicked else 0 :]
 
 
 def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
-    """An empty concept, a concept for a family without a detector, a concept beside
-    clicks, a concept the other way than forward: one line each, nothing made (`run`), an
-    encoded store as it was (`track`)."""
+    """An empty concept, a concept for a family without a detector, clicks on the concept
+    model without a concept, a concept the other way than forward: one line each, nothing
+    made (`run`), an encoded store as it was (`track`)."""
     fresh = tmp_path / "new.zarr"
     assert_user_error(segpipe(*run_args(small, fresh, 4, concepts=(" ",))), "--concept is empty")
     # longer than the 32 tokens transformers' processor pads a concept to (a token a letter)
@@ -140,7 +189,9 @@ def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
     ]
     assert_user_error(segpipe(*tracker), "has no detector")
     both = (*run_args(small, fresh, 4), "--prompts", small / "prompts.json")
-    assert_user_error(segpipe(*both), "--concept and --prompts")
+    assert_user_error(segpipe(*both, "--direction", "both"), "forward from frame 0")
+    clicks_alone = [a for a in both if a not in ("--concept", "fish")]
+    assert_user_error(segpipe(*clicks_alone), "beside concept prompts")
     assert not fresh.exists()
     store = tmp_path / "s.zarr"
     segpipe("decode", small / "clip.mp4", "--store", store, "--image-size", SIZE, check=True)
@@ -159,6 +210,7 @@ def test_bad_concepts_refused_in_one_line_before_any_write(small, tmp_path):
         (["--concept", "fish", "--direction", "reverse"], "forward from frame 0"),
         (["--concept", "fish", "--frames", "0:8"], "whole video"),
         (["--concept", "x" * 31], "33 tokens"),
+        (["--prompts", small / "prompts.json"], "beside concept prompts"),
     ):
         assert_user_error(segpipe("track", "--store", other, *more), said)
     assert tree_digest(other) == before

@@ -86,6 +86,7 @@ LAYERS = {
         "segpipe.stages.track.passes",
         "segpipe.stages.track.tracker",
         "segpipe.stages.track.session",
+        "segpipe.stages.track.clicks",
         "segpipe.stages.track.concepts",
         "segpipe.stages.track.stage",
         "segpipe.stages.export",

@@ -448,7 +448,7 @@ class Studio:
             return None
         model = (self.store().attrs.get("model") or {}).get("name") or self.encoding.model
         if model is not None and family_of(model).detects:
-            raise BadInput(f"{model} takes concepts, not clicks: type one and press Find")
+            raise BadInput(f"{model}: the studio tracks concepts, not clicks: type one, press Find")
         mask, score = self.previewer.mask(mine)
         return png(mask.astype(np.uint8) * 255), score, self.change(frame, object_id, mask)
 

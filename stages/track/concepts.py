@@ -13,8 +13,10 @@ committed (its masks, scores and memory snapshot made durable, then its ledger e
 its last frame's output is final, chunks in order. A crash loses what is not committed.
 
 Store layout (besides the results arrays every tracking writes): the object axis grows as
-instances first appear in an output; `masks.attrs["object_ids"]` are transformers' ids + 1,
-in the order they appeared (`concept_ids`: transformers' own). `memory/concepts/<k>` holds
+instances first appear in an output, after the columns of the objects clicked beside the
+concepts (`clicks`); `masks.attrs["object_ids"]` are the clicked objects' ids, then the
+instances' in the order they appeared: transformers' ids + 1 + the largest clicked id
+(`concept_ids`: transformers' own). `memory/concepts/<k>` holds
 the snapshot after chunk k: every tensor's raw bytes, and in its attributes the association
 state and where each tensor lies. `instances` (chunks,) counts the instances output in each
 chunk."""
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 
 from segpipe import log
 from segpipe.behind import Behind
+from segpipe.stages.track.clicks import ClickedObjects
 from segpipe.stages.track.session import dtype_name, empty_session, from_raw, raw_bytes
 from segpipe.stages.track.tracker import pack_bits
 from segpipe.store.layout import TRACK_ARRAYS
@@ -147,10 +150,11 @@ def final_output(session, out, height: int, width: int):
 
 class ConceptTracker:
     """The one pass of a concept tracking: forward from frame 0 over every chunk, the
-    instances carried between chunks (`Snapshot`)."""
+    instances carried between chunks (`snapshot`); and the objects clicked beside the
+    concepts (`clicks`, prompts: `clicks.ClickedObjects`), each frame after the instances."""
 
     def __init__(self, predictor, store: RunStore, concepts: list[str], features, supply,
-                 on_commit=None):  # fmt: skip
+                 on_commit=None, clicks: list = (), threshold: float = 0.0):  # fmt: skip
         self.predictor, self.model, self.store = predictor, predictor.model, store
         self.plan, self.concepts = store.plan, list(concepts)
         self.features, self.supply, self.on_commit = features, supply, on_commit
@@ -162,6 +166,13 @@ class ConceptTracker:
         self.memories = max(tracker.num_maskmem - 1, 1)
         self.cond_kept = tracker.max_cond_frame_num
         self.unit = ("forward", 0)
+        self.vision = StoredVision(self.model, features)
+        self.clicks = None
+        if clicks:
+            self.clicks = ClickedObjects(predictor, store, list(clicks), self.vision, threshold)
+        # the instances' columns follow the clicked objects', their ids past the clicked ones'
+        self.first = 0 if self.clicks is None else len(self.clicks.ids)
+        self.id_base = 0 if self.clicks is None else max(self.clicks.ids)
 
     # -- the pass --------------------------------------------------------------------------
     def run(self, quiet: bool) -> None:
@@ -173,56 +184,69 @@ class ConceptTracker:
         start = len(done)
         assert done == list(range(start)), "concept chunks are committed in order"
         todo = list(range(start, plan.num_chunks))
-        last = plan.num_frames - 1
         frames = plan.num_frames - plan.bounds(start)[0] if todo else 0
-        vision = StoredVision(self.model, self.features)
         detector = self.model.detector_model
+        # outputs held back (the hotstart); final outputs by frame; the chunks tracked whose
+        # frames are not all final yet: (chunk, snapshots, clicked objects' results)
+        self.held, self.finals, self.waiting = [], {}, []
         with (
             log.progress("track concepts", frames, quiet) as bar,
             Behind("segpipe-concept-writes") as writer,
         ):
-            session = self.restore(start - 1 if start else None)
-            held, finals = [], {}  # outputs held back (the hotstart); final outputs by frame
-            waiting = []  # (chunk, snapshot) tracked, not all its frames final yet
-            detector.get_vision_features = vision
+            detector.get_vision_features = self.vision
             try:
+                sessions = self.restore(start - 1 if start else None)
                 for k in todo:
-                    self.supply.ensure(k)
-                    lo, hi = plan.bounds(k)
-                    self.features.load(lo, hi)
-                    if k + 1 < plan.num_chunks:  # the next chunk's features read, or its
-                        if self.supply.has(k + 1):  # frames got, behind the work at hand
-                            self.features.read_ahead(*plan.bounds(k + 1))
-                        else:
-                            self.supply.ahead(k + 1)
-                    for f in range(lo, hi):
-                        writer.failed()
-                        out = self.model(inference_session=session, frame_idx=f)
-                        session.hotstart_removed_obj_ids.update(out.removed_obj_ids)
-                        held.append(out)
-                        if self.delay <= 0:
-                            ready, held = held, []
-                        elif f == last:
-                            ready, held = held, []
-                        elif len(held) >= self.delay:
-                            ready, held = held[:1], held[1:]
-                        else:
-                            ready = []
-                        for r in ready:
-                            finals[r.frame_idx] = final_output(session, r, self.height, self.width)
-                        self.prune(session, f + 1)
-                        bar.update(1)
-                    waiting.append((k, snapshot(session)))
-                    self.supply.tracked(self.unit, k)
-                    while waiting and all(t in finals for t in range(*plan.bounds(waiting[0][0]))):
-                        j, snap = waiting.pop(0)
-                        outs = {t: finals.pop(t) for t in range(*plan.bounds(j))}
-                        writer.submit(
-                            self.write, j, outs, snap, then=lambda j=j: self.supply.committed(j)
-                        )
+                    self.track_chunk(k, sessions, writer, bar)
             finally:
                 del detector.get_vision_features  # the model's own again
         self.supply.finished(self.unit)
+
+    def track_chunk(self, k: int, sessions, writer, bar) -> None:
+        """Chunk k tracked, then every chunk whose frames are all final written behind."""
+        plan, (session, clicked) = self.plan, sessions
+        self.supply.ensure(k)
+        lo, hi = plan.bounds(k)
+        self.features.load(lo, hi)
+        if k + 1 < plan.num_chunks:  # the next chunk's features read, or its frames got,
+            if self.supply.has(k + 1):  # behind the work at hand
+                self.features.read_ahead(*plan.bounds(k + 1))
+            else:
+                self.supply.ahead(k + 1)
+        clicked_outs = {}
+        for f in range(lo, hi):
+            writer.failed()
+            self.step(session, f)
+            if clicked is not None and (got := self.clicks.step(clicked, f)) is not None:
+                clicked_outs[f] = got
+            self.prune(session, f + 1)
+            bar.update(1)
+        snaps = (snapshot(session), None if clicked is None else self.clicks.snapshot(clicked))
+        self.waiting.append((k, snaps, clicked_outs))
+        self.supply.tracked(self.unit, k)
+        while self.waiting and all(
+            t in self.finals for t in range(*plan.bounds(self.waiting[0][0]))
+        ):
+            j, snaps, clicked_outs = self.waiting.pop(0)
+            outs = {t: self.finals.pop(t) for t in range(*plan.bounds(j))}
+            writer.submit(
+                self.write, j, outs, snaps, clicked_outs, then=lambda j=j: self.supply.committed(j)
+            )
+
+    def step(self, session, f: int) -> None:
+        """Frame f tracked; the outputs final now (held back `hotstart_delay` frames, as
+        transformers' `propagate_in_video_iterator` does) made as handed out."""
+        out = self.model(inference_session=session, frame_idx=f)
+        session.hotstart_removed_obj_ids.update(out.removed_obj_ids)
+        self.held.append(out)
+        if self.delay <= 0 or f == self.plan.num_frames - 1:
+            ready, self.held = self.held, []
+        elif len(self.held) >= self.delay:
+            ready, self.held = self.held[:1], self.held[1:]
+        else:
+            ready = []
+        for r in ready:
+            self.finals[r.frame_idx] = final_output(session, r, self.height, self.width)
 
     def prune(self, session, next_frame: int) -> None:
         """Drop what no frame from `next_frame` on reads (transformers keeps it all): of
@@ -255,23 +279,49 @@ class ConceptTracker:
                 del per_frame[t]
 
     def restore(self, before: int | None):
-        """A session holding the instances and the association state as they were after
-        chunk `before` (None: the start, where the concepts are added)."""
+        """(the concept session, the clicked objects' or None) holding the instances, the
+        association state and the clicked objects' memory as they were after chunk
+        `before` (None: the start, where the concepts and the clicks are added)."""
         session = new_session(
             self.predictor, self.plan.num_frames, self.height, self.width, self.concepts
         )
         if before is not None:
             arr = self.store.array(f"{ROOT}/{before}")
             restore(session, arr.attrs.asdict(), arr[...], self.predictor.device)
-        return session
+        if self.clicks is None:
+            return session, None
+        return session, self.clicks.restore(before, self.supply, self.unit, session)
 
     # -- writing ---------------------------------------------------------------------------
-    def write(self, k: int, outs: dict, snap: dict) -> None:
-        """Chunk k's final outputs (masks, scores, areas), the snapshot after it, then its
-        ledger entry; `on_commit` told."""
+    def write(self, k: int, outs: dict, snaps: tuple, clicked_outs: dict) -> None:
+        """Chunk k's final outputs (masks, scores, areas), the clicked objects' and the
+        snapshots after it, then its ledger entry; `on_commit` told."""
+        store = self.store
+        snap, clicked_snap = snaps
+        own = [] if self.clicks is None else self.clicks.write(k, clicked_outs, clicked_snap)
+        self.write_instances(k, outs)
+        name = f"{ROOT}/{k}"
+        data = snap.pop("data")
+        arr = store.create_array(
+            name, data.shape, (max(len(data), 1),), "uint8", overwrite=True, attributes=snap
+        )
+        if len(data):
+            arr[...] = data
+        # (an array with nothing but fill so far has no chunk folder yet: nothing to sync)
+        written = [a for a in (*TRACK_ARRAYS, "instances") if (store.path / a / "c").is_dir()]
+        store.sync_chunk(written + own, k)
+        store.commit_array(name)
+        store.commit_objects("forward", k, [0], [], [])  # the ledger entry, last
+        for old in [n for n in store.group[ROOT].array_keys() if int(n) < k - 1]:
+            store.delete(f"{ROOT}/{old}")  # a restart reads the last one committed only
+        if self.on_commit is not None:
+            self.on_commit("forward", k)
+
+    def write_instances(self, k: int, outs: dict) -> None:
+        """Chunk k's instances: masks, scores and areas in their columns, and their count."""
         store, (lo, hi) = self.store, self.plan.bounds(k)
         slots = self.columns(sorted({i for ids, _, _ in outs.values() for i in ids}), lo)
-        N = len(slots)
+        N, a = len(slots), self.first
         packed = np.zeros((hi - lo, N, packed_size(self.height, self.width)), np.uint8)
         scores = np.full((hi - lo, N), np.nan, np.float32)
         areas = np.zeros((hi - lo, N), np.int64)
@@ -284,40 +334,24 @@ class ConceptTracker:
                 areas[t - lo, cols] = masks.sum((1, 2)).cpu().numpy()
                 found.update(ids)
         if N:
-            write_packed(store, lo, hi, packed, 0)
-            store.array("object_areas")[lo:hi, :N] = areas
-            store.array("object_scores")[lo:hi, :N] = scores
-            store.array("tracked")[lo:hi, :N] = True
+            write_packed(store, lo, hi, packed, a)
+            store.array("object_areas")[lo:hi, a : a + N] = areas
+            store.array("object_scores")[lo:hi, a : a + N] = scores
+            store.array("tracked")[lo:hi, a : a + N] = True
         store.array("instances")[k] = len(found)
-        name = f"{ROOT}/{k}"
-        data = snap.pop("data")
-        arr = store.create_array(
-            name, data.shape, (max(len(data), 1),), "uint8", overwrite=True, attributes=snap
-        )
-        if len(data):
-            arr[...] = data
-        # (an array with nothing but fill so far has no chunk folder yet: nothing to sync)
-        written = [a for a in (*TRACK_ARRAYS, "instances") if (store.path / a / "c").is_dir()]
-        store.sync_chunk(written, k)
-        store.commit_array(name)
-        store.commit_objects("forward", k, [0], [], [])  # the ledger entry, last
-        for old in [n for n in store.group[ROOT].array_keys() if int(n) < k - 1]:
-            store.delete(f"{ROOT}/{old}")  # a restart reads the last one committed only
-        if self.on_commit is not None:
-            self.on_commit("forward", k)
 
     def columns(self, ids: list[int], lo: int) -> dict[int, int]:
-        """Each instance's column (its object slot), new ones added in the order of their
-        ids: the results arrays grown, the new columns written as not shown on the frames
-        before `lo` (committed chunks: every chunk of a results array exists) and made
-        durable, then the ids recorded. A kill before the record leaves columns no id names
-        yet, which the rerun of the chunk makes again."""
+        """Each instance's column among the instances' (after the clicked objects'), new
+        ones added in the order of their ids: the results arrays grown, the new columns
+        written as not shown on the frames before `lo` (committed chunks: every chunk of a
+        results array exists) and made durable, then the ids recorded. A kill before the
+        record leaves columns no id names yet, which the rerun of the chunk makes again."""
         store = self.store
         known = list(store.array("masks").attrs.get("concept_ids", []))
         new = [i for i in ids if i not in known]
         if not new:
             return {i: c for c, i in enumerate(known)}
-        a, b = len(known), len(known) + len(new)
+        a, b = self.first + len(known), self.first + len(known) + len(new)
         for name in TRACK_ARRAYS:
             arr = store.array(name)
             if arr.shape[1] < b:
@@ -332,8 +366,11 @@ class ConceptTracker:
             for j in range(self.plan.chunk_of(lo - 1) + 1):
                 store.sync_chunk(TRACK_ARRAYS, j, slice(a, b))
         known += new
+        clicked = [] if self.clicks is None else self.clicks.ids
         # (the array as resized: an update of its attributes writes its whole metadata)
-        store.array("masks").attrs.update(concept_ids=known, object_ids=[i + 1 for i in known])
+        store.array("masks").attrs.update(
+            concept_ids=known, object_ids=clicked + [self.id_base + i + 1 for i in known]
+        )
         return {i: c for c, i in enumerate(known)}
 
 

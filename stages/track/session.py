@@ -117,10 +117,7 @@ class SessionTracker(Pass):
         self.threshold = float(options["score_threshold"])
         self.features, self.supply, self.on_commit = features, supply, on_commit
         self.cache = StoredCache(features, positional_encodings(predictor))
-        config = self.model.config
-        T = plan.num_frames
-        self.pointers = max(min(T, config.max_object_pointers_in_encoder) - 1, 1)
-        self.memories = max(config.num_maskmem - 1, 1)
+        self.pointers, self.memories = reach(self.model, plan.num_frames)
         self.memstore = SessionMemory(
             store, direction, len(self.ids), plan.num_chunks, self.pointers
         )
@@ -137,7 +134,7 @@ class SessionTracker(Pass):
         if before is None:
             for k in self.supply.prompts_of(self.unit):
                 self.supply.ensure(k)
-            self.add_prompts(session)
+            add_prompts(self.predictor, session, self.prompts)
             self.supply.prompted(self.unit)
             self.memstore.write_prompted(session)
             self.prune(session, self.start)
@@ -147,27 +144,8 @@ class SessionTracker(Pass):
         self.memstore.read(session, before, self.predictor.device)
         return session
 
-    @torch.inference_mode()
-    def add_prompts(self, session) -> None:
-        processor = processor_for(self.predictor.segpipe_family, self.predictor.image_size)
-        for p in self.prompts:
-            add_prompt(processor, session, p)
-            self.model(inference_session=session, frame_idx=p.frame)
-        assert not session.obj_with_new_inputs, "a prompt was not taken"
-
     def prune(self, session, next_frame: int) -> None:
-        """Drop from every object's tracked outputs what no frame from `next_frame` on reads
-        (transformers keeps them all): mask memories of the last `num_maskmem - 1` frames,
-        object pointers of the last `max_object_pointers_in_encoder - 1`, nothing else."""
-        for outputs in session.output_dict_per_obj.values():
-            tracked = outputs["non_cond_frame_outputs"]
-            for t in list(tracked):
-                back = (t - next_frame) if self.reverse else (next_frame - t)
-                if not 1 <= back <= self.pointers:
-                    del tracked[t]
-                    continue
-                keep = READ if back <= self.memories else POINTER
-                tracked[t] = {k: v for k, v in tracked[t].items() if k in keep}
+        prune(session, next_frame, self.reverse, self.pointers, self.memories)
 
     @torch.inference_mode()
     def track_chunk(self, k: int, session, owned, bar) -> None:
@@ -185,11 +163,7 @@ class SessionTracker(Pass):
         for f in frames:
             self.writer.failed()
             out = self.model(inference_session=session, frame_idx=f, reverse=self.reverse)
-            # to the video's size as transformers' post_process_masks does, every object at once
-            logits = F.interpolate(
-                out.pred_masks, (self.height, self.width), mode="bilinear", align_corners=False
-            )
-            above = logits[:, 0] > self.threshold
+            above = video_masks(out, self.height, self.width, self.threshold)
             host_masks[f - lo].copy_(pack_bits(above), non_blocking=cuda)
             frame_scores[f] = out.object_score_logits.float().reshape(O)
             frame_areas[f] = above.sum((1, 2))
@@ -206,6 +180,29 @@ class SessionTracker(Pass):
             self.write, k, lo, host_masks.numpy(), scores, areas, mine, snapshot,
             then=lambda: self.supply.committed(k),
         )  # fmt: skip
+
+
+def reach(model, num_frames: int) -> tuple[int, int]:
+    """(pointers, memories): how many tracked frames back a frame reads object pointers and
+    mask memories from (`max_object_pointers_in_encoder - 1`, `num_maskmem - 1`)."""
+    config = model.config
+    pointers = max(min(num_frames, config.max_object_pointers_in_encoder) - 1, 1)
+    return pointers, max(config.num_maskmem - 1, 1)
+
+
+def prune(session, next_frame: int, reverse: bool, pointers: int, memories: int) -> None:
+    """Drop from every object's tracked outputs what no frame from `next_frame` on reads
+    (transformers keeps them all): mask memories of the last `memories` frames, object
+    pointers of the last `pointers`, nothing else (`reach`)."""
+    for outputs in session.output_dict_per_obj.values():
+        tracked = outputs["non_cond_frame_outputs"]
+        for t in list(tracked):
+            back = (t - next_frame) if reverse else (next_frame - t)
+            if not 1 <= back <= pointers:
+                del tracked[t]
+                continue
+            keep = READ if back <= memories else POINTER
+            tracked[t] = {k: v for k, v in tracked[t].items() if k in keep}
 
 
 def new_session(predictor, num_frames: int, height: int, width: int, cache: StoredCache):
@@ -255,8 +252,26 @@ def preview(predictor, store: RunStore, prompts: list, features, threshold: floa
     for p in prompts:
         add_prompt(processor, session, p)
         out = predictor.model(inference_session=session, frame_idx=p.frame)
-    logits = F.interpolate(out.pred_masks, (H, W), mode="bilinear", align_corners=False)
-    return (logits[0, 0] > threshold).cpu().numpy(), float(out.object_score_logits.reshape(-1)[0])
+    mask = video_masks(out, H, W, threshold)[0]
+    return mask.cpu().numpy(), float(out.object_score_logits.reshape(-1)[0])
+
+
+def video_masks(out, height: int, width: int, threshold: float) -> torch.Tensor:
+    """Every object's mask (O, H, W) bool from a frame's output, at the video's size as
+    transformers' `post_process_masks` makes it."""
+    logits = F.interpolate(out.pred_masks, (height, width), mode="bilinear", align_corners=False)
+    return logits[:, 0] > threshold
+
+
+@torch.inference_mode()
+def add_prompts(predictor, session, prompts: list) -> None:
+    """The prompts added to a session as transformers' own usage adds them: each through
+    its processor, then the model on the prompt's frame, in file order."""
+    processor = processor_for(predictor.segpipe_family, predictor.image_size)
+    for p in prompts:
+        add_prompt(processor, session, p)
+        predictor.model(inference_session=session, frame_idx=p.frame)
+    assert not session.obj_with_new_inputs, "a prompt was not taken"
 
 
 def add_prompt(processor, session, p) -> None:

@@ -84,21 +84,25 @@ def prepare(store: RunStore, prompts: list, settings: dict, again: bool, quiet: 
     if not again:
         return
     T, C = require_decoded(store), store.chunk_size
-    _, masks = prompt_file.to_record(prompts)
     if store.attrs.get("track") is not None:
         log.info("track: starting over (prompts, direction or options changed, or --force)", quiet)
     reset_from(store, "track")
     create_results(store, len(settings["object_ids"]), {"object_ids": settings["object_ids"]})
-    if len(masks):
-        store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)[
-            ...
-        ] = masks
-        store.commit_array("prompt_masks")
+    save_prompt_masks(store, prompts)
     write_untracked(
         store, untracked_chunks(ChunkPlan(T, C), settings["direction"], Span.of(settings, T))
     )
     store.set_attrs(track=settings)
     drop_draft(store)  # the prompts tracked are the store's now
+
+
+def save_prompt_masks(store: RunStore, prompts: list) -> None:
+    """The mask prompts' masks, which the stored prompts' entries index (`prompt_masks`)."""
+    _, masks = prompt_file.to_record(prompts)
+    if len(masks):
+        arr = store.create_array("prompt_masks", masks.shape, masks.shape, "bool", fill_value=False)
+        arr[...] = masks
+        store.commit_array("prompt_masks")
 
 
 def create_results(store: RunStore, objects: int, attributes: dict) -> None:
@@ -161,9 +165,9 @@ def track(
     quiet, device, checkpoint = execution.check().quiet, execution.device, encoding.checkpoint
     encoding.check()
     store = RunStore.open(store_path)
-    if (concepts := _concepts_asked(store, prompts, tracking)) is not None:
-        asked = (store, concepts, encoding, execution, predictor, on_commit, cluster, space)
-        return _track_concepts(*asked)
+    if (asked := _concepts_asked(store, prompts, tracking)) is not None:
+        args = (store, *asked, encoding, execution, predictor, on_commit, cluster, space)
+        return _track_concepts(*args)
     plan, spec, prompts, weights, named = _track_inputs(store, prompts, draft, checkpoint, quiet)
     resolved = (tracking or Tracking()).resolve(store, prompts)
     check_family(spec["name"], prompts, resolved.options)
@@ -195,100 +199,140 @@ def track(
     return store
 
 
-def _concepts_asked(store: RunStore, prompts, tracking: Tracking | None) -> Tracking | None:
-    """The concept tracking asked for: `tracking`'s concepts, or without them nor prompts,
-    the store's (a resume); None: the prompts' objects are tracked."""
-    if tracking is not None and tracking.concepts:
-        return tracking
-    recorded = (stored_settings(store) or {}).get("concepts")
-    if recorded and prompts is None:
-        return replace(tracking or Tracking(), concepts=tuple(recorded))
-    return None
+def _concepts_asked(store: RunStore, prompts, tracking: Tracking | None):
+    """(the concept tracking asked for, the objects clicked beside it: prompts, and the
+    names their prompts file gives them): `tracking`'s concepts, else the store's (a
+    resume, without prompts); the prompts given, else the store's concept tracking's
+    clicks. None: the prompts' objects are tracked."""
+    settings = stored_settings(store) or {}
+    recorded = settings.get("concepts")
+    given = tracking is not None and bool(tracking.concepts)
+    if not given and not (recorded and prompts is None):
+        return None
+    if not given:
+        tracking = replace(tracking or Tracking(), concepts=tuple(recorded))
+    if prompts is None:
+        return tracking, stored_prompts(store) if recorded and settings["prompts"] else [], {}
+    T, video = require_decoded(store), store.attrs["video"]
+    clicks = prompt_file.load(prompts, T, video["width"], video["height"])
+    return tracking, clicks, of_prompts(prompts)
 
 
-def concept_settings(concepts, options: dict) -> dict:
-    """What the store records of a concept tracking (`track`): no prompted objects (the
-    instances appear as it goes), forward from frame 0."""
+def concept_settings(concepts, options: dict, clicks: list = ()) -> dict:
+    """What the store records of a concept tracking (`track`): forward from frame 0, one
+    ledger (no prompted objects: the instances appear as it goes); the objects clicked
+    beside the concepts are its `prompts`."""
+    entries, _ = prompt_file.to_record(list(clicks))
     return {
-        "prompts_sha256": prompt_file.digest([]) + ":" + "|".join(concepts),
+        "prompts_sha256": prompt_file.digest(list(clicks)) + ":" + "|".join(concepts),
         "direction": "forward",
         "object_ids": [],
         "start_frame": 0,
-        "prompts": [],
+        "prompts": entries,
         "concepts": list(concepts),
         "options": options,
     }
 
 
-def _track_concepts(store, tracking, encoding, execution, predictor, on_commit, cluster, space):
-    """`track` with concept prompts (`stages.track.concepts`): one pass, one process.
-    `on_commit(d, k)` is told each chunk committed (the studio's progress); `run` exports
-    at its finish, once every instance is known."""
-    from segpipe.stages.track.concepts import ConceptTracker
-    from segpipe.stages.track.tracker import StoredFeatures
-
+def _track_concepts(
+    store, tracking, clicks, named, encoding, execution, predictor, on_commit, cluster, space
+):
+    """`track` with concept prompts (`stages.track.concepts`), and objects clicked beside
+    them (`clicks`, prompts: `stages.track.clicks`; `named`, their names): one pass, one
+    process. `on_commit(d, k)` is told each chunk committed (the studio's progress); `run`
+    exports at its finish, once every instance is known."""
     quiet, device = execution.quiet, execution.device
-    T = require_decoded(store)
-    spec = store.attrs.get("model")
-    if spec is None:
-        raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
-    if not family_of(spec["name"]).detects:
-        raise BadInput(
-            f"{spec['name']} has no detector: concept prompts need --model sam3-video "
-            f"(a new --store)"
-        )
+    spec, resolved, settings, weights = _concept_inputs(store, tracking, clicks, encoding)
     if cluster is not None:
         raise BadInput("concept prompts are tracked in one process so far (no --workers)")
-    resolved = tracking.resolve(store, None)
-    settings = concept_settings(resolved.concepts, resolved.options)
-    weights, seed = embeddings_weights(store, spec, encoding.checkpoint)
-    family_of(spec["name"]).check_concepts(spec["name"], resolved.concepts, weights)
-    if seed is not None:
-        log.warn("random weights: masks from them mean nothing")
     again = execution.force or stored_settings(store) != settings
-    plan = ChunkPlan(T, store.chunk_size)
+    plan = store.plan
     chunks = list(range(plan.num_chunks))
     todo = chunks if again else store.pass_ledger("forward").todo(chunks)
+    unit = ("forward", 0)
+    # the clicked objects' prompts are applied where the pass starts (after, from memory)
+    span = Span.of(settings, plan.num_frames)
+    _, reads = prompt_reads(plan, span, {"forward": todo}, [p.frame for p in clicks])
+    prompted = {unit: reads} if reads else {}
+    missing = ChunkSupply.missing(store, {unit: todo}, prompted.get(unit, ()))
     if todo:
-        if not set(ChunkSupply.missing(store, {"forward": todo})) <= on_disk(store, "frames"):
+        if not set(missing) <= on_disk(store, "frames"):
             stored_source(store)
         if space is not None:
             space.before_track(store)
         env = environment.of_work(device, predictor, cluster)
         environment.check(store, env, execution.allow_env_change, quiet)
     if again:
-        prepare_concepts(store, settings, quiet)
+        prepare_concepts(store, settings, clicks, quiet)
+    save_labels(store, named)
     if not todo:
         sweep(store)
         log.info("track: already complete", quiet)
         return store
     predictor = predictor or predictor_for(spec, weights, device, resolved.options)
-    unit = ("forward", 0)
-    missing = ChunkSupply.missing(store, {unit: todo})
     say_cost(store, plan, missing, quiet)
     frames = sum(hi - lo for lo, hi in map(plan.bounds, missing))
     with (
         log.progress("encode", frames, quiet or not missing) as bar,
-        ChunkSupply(store, predictor, {unit: todo}, {}, encoding.batch_size, bar) as supply,
+        ChunkSupply(store, predictor, {unit: todo}, prompted, encoding.batch_size, bar) as supply,
     ):
-        supply.ensure(todo[0])  # the level array made (its kind known) before it is read
-        supply.written()
-        features = StoredFeatures(store, predictor.device, [], supply.held)
-        ConceptTracker(predictor, store, resolved.concepts, features, supply, on_commit).run(quiet)
+        _concept_pass(store, predictor, resolved, clicks, supply, todo, on_commit, quiet)
     sweep(store)
-    n = len(store.array("masks").attrs.get("object_ids", []))
-    log.result(f"track: {n} instances of {', '.join(resolved.concepts)} in {store.path}", quiet)
+    n = len(store.array("masks").attrs.get("concept_ids", []))
+    also = f" and {len(prompt_file.object_ids(clicks))} clicked objects" if clicks else ""
+    found = f"{n} instances of {', '.join(resolved.concepts)}{also}"
+    log.result(f"track: {found} in {store.path}", quiet)
     return store
 
 
-def prepare_concepts(store: RunStore, settings: dict, quiet: bool) -> None:
-    """`prepare` for a concept tracking: the results arrays with no object yet (they grow
-    as instances appear), and `instances`, a count per chunk."""
+def _concept_inputs(store: RunStore, tracking: Tracking, clicks: list, encoding: Encoding):
+    """(model spec, resolved tracking, settings to record, weights) of a concept tracking,
+    checked: an encoded store of a model with a detector, the clicks and the concepts."""
+    require_decoded(store)
+    spec = store.attrs.get("model")
+    if spec is None:
+        raise StoreNotReady(f"store {store.path} is not encoded yet (run `segpipe encode`)")
+    family = family_of(spec["name"])
+    if not family.detects:
+        raise BadInput(
+            f"{spec['name']} has no detector: concept prompts need --model sam3-video "
+            f"(a new --store)"
+        )
+    resolved = tracking.resolve(store, None)
+    if clicks:
+        check_family(spec["name"], clicks, resolved.options, concepts=True)
+    weights, seed = embeddings_weights(store, spec, encoding.checkpoint)
+    family.check_concepts(spec["name"], resolved.concepts, weights)
+    if seed is not None:
+        log.warn("random weights: masks from them mean nothing")
+    settings = concept_settings(resolved.concepts, resolved.options, clicks)
+    return spec, resolved, settings, weights
+
+
+def _concept_pass(store, predictor, resolved, clicks, supply, todo, on_commit, quiet) -> None:
+    """The concept tracking's pass over the chunks `todo`, features from `supply`."""
+    from segpipe.stages.track.concepts import ConceptTracker
+    from segpipe.stages.track.tracker import StoredFeatures
+
+    supply.ensure(todo[0])  # the level array made (its kind known) before it is read
+    supply.written()
+    features = StoredFeatures(store, predictor.device, [], supply.held)
+    threshold = float(resolved.options["score_threshold"])
+    args = (predictor, store, resolved.concepts, features, supply, on_commit, clicks)
+    ConceptTracker(*args, threshold).run(quiet)
+
+
+def prepare_concepts(store: RunStore, settings: dict, clicks: list, quiet: bool) -> None:
+    """`prepare` for a concept tracking: the results arrays with the clicked objects'
+    columns alone (they grow as instances appear), the clicks' masks, and `instances`, a
+    count per chunk."""
     T, C = require_decoded(store), store.chunk_size
     if store.attrs.get("track") is not None:
-        log.info("track: starting over (concepts or options changed, or --force)", quiet)
+        log.info("track: starting over (concepts, clicks or options changed, or --force)", quiet)
     reset_from(store, "track")
-    create_results(store, 0, {"object_ids": [], "concept_ids": []})
+    ids = prompt_file.object_ids(clicks)
+    create_results(store, len(ids), {"object_ids": ids, "concept_ids": []})
+    save_prompt_masks(store, clicks)
     store.create_array("instances", (ChunkPlan(T, C).num_chunks,), (1,), "int32", fill_value=-1)
     store.set_attrs(track=settings)
     drop_draft(store)
@@ -353,15 +397,15 @@ def embeddings_weights(store: RunStore, spec: dict, checkpoint: str | None):
     return weights, seed
 
 
-def check_family(model: str, prompts: list, options: dict) -> None:
+def check_family(model: str, prompts: list, options: dict, concepts: bool = False) -> None:
     """Refuse what a family tracked in its own session does not do, before anything is
     written: SAM 2's options (`options`: as resolved, or those asked, None where not), and
-    what transformers' own session fails on."""
+    what transformers' own session fails on; clicks on a concept model without concepts."""
     family = family_of(model)
-    if family.detects:
+    if family.detects and not concepts:
         raise BadInput(
-            f"{model} tracks concept prompts (--concept); to track clicked objects use "
-            f"--model sam3-tracker"
+            f"{model} tracks clicked objects beside concept prompts (--concept); to track "
+            f"clicked objects alone use --model sam3-tracker"
         )
     if not family.session_tracker:
         return

@@ -243,7 +243,7 @@ class Sam3Video(HfVideo):
     native_size = 1008
     mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
     multiple = 14
-    detects = True  # takes concept prompts (noun phrases), not clicks
+    detects = True  # takes concept prompts (noun phrases); clicks beside them only
     files = ["*.json", "*.safetensors", "*.txt"]  # with its tokenizer's
 
     def model_class(self):
@@ -271,6 +271,14 @@ class Sam3Video(HfVideo):
         folder = None if weights.checkpoint is None else Path(weights.checkpoint).parent
         predictor.tokenizer = configs.tokenizer(folder)
         return predictor
+
+    def click_predictor(self, predictor: SessionPredictor) -> SessionPredictor:
+        """SAM 3's tracker alone, for objects clicked beside the concepts: the concept
+        model's own (`tracker_model`: a `Sam3TrackerVideoModel` without an image encoder),
+        which is the model transformers loads as `Sam3TrackerVideoModel` from this model's
+        checkpoint, less the image encoder whose output `stages.track.clicks` gives it."""
+        model, size, device = predictor.model.tracker_model, predictor.image_size, predictor.device
+        return SessionPredictor(model, size, device, SAM3_TRACKER, predictor.options)
 
     def check_concepts(self, model: str, concepts, weights: Weights) -> None:
         """Refuse a concept longer than its processor pads a text to (32 tokens, its start
