@@ -270,5 +270,7 @@ def test_the_studios_find_box_tracks_every_instance(browser, small, oracles, tmp
         for concepts, said in ((["fish", ""], b"empty"), ([], b"no concept"), ("fish", b"list")):
             status, body, _ = fetch(server.url + "api/track", "POST", {"concepts": concepts})
             assert status == 400 and said in body, body
+        status, body, _ = fetch(server.url + "api/preview", "POST", {"frame": 5, "object": 1})
+        assert status == 400 and b"concepts, not clicks" in body, body
     finally:
         server.stop()

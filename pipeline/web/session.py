@@ -443,12 +443,12 @@ class Studio:
         frame = self.frame_number(frame)
         if type(object_id) is not int or not 0 < object_id <= MAX_OBJECT_ID:
             raise BadInput(f"object must be an object id (an integer 1..{MAX_OBJECT_ID})")
-        mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
-        if not mine:
-            return None
         model = (self.store().attrs.get("model") or {}).get("name") or self.encoding.model
         if model is not None and family_of(model).detects:
             raise BadInput(f"{model}: the studio tracks concepts, not clicks: type one, press Find")
+        mine = [p for p in self.prompts() if p.frame == frame and p.object_id == object_id]
+        if not mine:
+            return None
         mask, score = self.previewer.mask(mine)
         return png(mask.astype(np.uint8) * 255), score, self.change(frame, object_id, mask)
 
