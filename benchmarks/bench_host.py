@@ -19,6 +19,12 @@ depend on them.
 
     python benchmarks/bench_host.py                    # 1024, 24 frames, chunks of 8
     python benchmarks/bench_host.py --size 256 --frames 16 --json host.json
+    python benchmarks/bench_host.py --repeat 3         # each figure the median of 3 runs
+
+On two cores the threads behind the tracking take cores from the main thread now and then,
+so one run's figures scatter by tens of ms a frame; `--repeat N` runs every side N times,
+interleaved (side after side, so a slow spell of the machine falls on all of them), and
+reports each figure's median over the runs, with every run's host figure beside it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -304,6 +312,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default=None, help="float32 or bfloat16 (the device's)")
     parser.add_argument("--sides", default="all,masks,official")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each side; figures are the medians"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -312,24 +323,57 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     counts = [int(n) for n in str(args.frames).split(",")]
-    runs = {}  # frame count -> side -> result
-    for n in counts:
-        with tempfile.TemporaryDirectory() as tmp:
-            make_inputs(Path(tmp), n)
-            for side in args.sides.split(","):
-                argv = [sys.executable, __file__, "--side", side, "--work", tmp, "--frames", str(n)]
-                for flag in ("size", "chunk_size", "model", "device", "precision"):
-                    value = getattr(args, flag)
-                    if value is not None:
-                        argv += [f"--{flag.replace('_', '-')}", str(value)]
-                out = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
-                if out.returncode:
-                    sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
-                runs.setdefault(n, {})[side] = json.loads(out.stdout.strip().splitlines()[-1])
-    results = runs[counts[-1]] if len(counts) == 1 else marginal(runs[counts[0]], runs[counts[1]])
-    print(report(results, args))
+    repeats = []  # per repetition: side -> result (marginal where two counts)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            (Path(tmp) / str(n)).mkdir()
+            make_inputs(Path(tmp) / str(n), n)
+        for _ in range(args.repeat):
+            runs = {}  # frame count -> side -> result
+            for n in counts:
+                work = Path(tmp) / str(n)
+                for side in args.sides.split(","):
+                    runs.setdefault(n, {})[side] = measured(args, side, work, n)
+            repeats.append(
+                runs[counts[-1]] if len(counts) == 1 else marginal(runs[counts[0]], runs[counts[1]])
+            )
+    results = median_of(repeats)
+    print(report(results, args, repeats))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"median": results, "runs": repeats}, indent=1))
+
+
+def measured(args, side: str, work: Path, n: int) -> dict:
+    """One side's run in a fresh process (a store of its own: the work folder's is removed)."""
+    store = work / f"{side}.zarr"
+    if store.exists():
+        shutil.rmtree(store)
+    argv = [sys.executable, __file__, "--side", side, "--work", str(work), "--frames", str(n)]
+    for flag in ("size", "chunk_size", "model", "device", "precision"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
+    if out.returncode:
+        sys.exit(f"{side} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_of(repeats: list[dict]) -> dict:
+    """Per side, each figure's median over the repetitions (a step missing from a run: 0);
+    `host` the median of each run's wall less its networks (not the medians' difference)."""
+    out = {}
+    for side in repeats[0]:
+        runs = [r[side] for r in repeats]
+        out[side] = {k: statistics.median(r[k] for r in runs) for k in ("wall", "network")}
+        out[side]["host"] = statistics.median(r["wall"] - r["network"] for r in runs)
+        out[side]["frames"] = runs[0]["frames"]
+        for part in ("own", "off"):
+            keys = set().union(*(r[part] for r in runs))
+            out[side][part] = {
+                k: statistics.median(r[part].get(k, 0.0) for r in runs) for k in keys
+            }
+    return out
 
 
 def how_many(frames: str) -> str:
@@ -357,7 +401,7 @@ def marginal(a: dict, b: dict) -> dict:
     }
 
 
-def report(results: dict, args) -> str:
+def report(results: dict, args, repeats: list[dict]) -> str:
     names = {"all": "run --keep all", "masks": "run --keep masks", "official": "SAM 2 predictor"}
     sides = list(results)
 
@@ -370,8 +414,13 @@ def report(results: dict, args) -> str:
     )
     rows = [["wall (main thread)"] + [ms(s, results[s]["wall"]) for s in sides]]
     rows.append(["inside SAM 2's networks"] + [ms(s, results[s]["network"]) for s in sides])
-    host = {s: results[s]["wall"] - results[s]["network"] for s in sides}
+    host = {s: results[s]["host"] for s in sides}  # (a median: of each run's own figure)
     rows.append(["HOST ON THE CRITICAL PATH"] + [ms(s, host[s]) for s in sides])
+    if len(repeats) > 1:  # each run's own figure, the median above
+        rows.append(
+            ["  each run"]
+            + [" / ".join(ms(s, r[s]["wall"] - r[s]["network"]) for r in repeats) for s in sides]
+        )
     for label in labels:
         rows.append(["  " + label] + [ms(s, results[s]["own"].get(label, 0.0)) for s in sides])
     named = {
@@ -388,7 +437,8 @@ def report(results: dict, args) -> str:
     head = (
         f"ms per frame: {args.model} at {args.size}, {how_many(args.frames)} of 640x480, "
         f"chunks of {args.chunk_size}, one object, forward, device {args.device}, "
-        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+        + (f"median of {args.repeat} runs, " if args.repeat > 1 else "")
+        + f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
     return head + "\n" + table(["step"] + [names.get(s, s) for s in sides], rows)
 

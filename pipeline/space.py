@@ -50,10 +50,12 @@ def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] |
     them: up to `SAMPLE_FRAMES` consecutive frames from the start and from the middle, each
     run compressed as one chunk (zstd level 3 and a crc32c, the store's codecs); the mean.
     None when no frame can be sampled (the estimate then uses the raw size)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
     from numcodecs import Zstd
 
-    from segpipe.sources.frames import model_input
+    from segpipe.sources.frames import model_input, resize_workers
     from segpipe.sources.registry import sample
 
     n = max(1, min(C, SAMPLE_FRAMES))
@@ -64,8 +66,9 @@ def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] |
             starts.append(info.claimed_frames // 2)
         for start in starts:
             pictures = sample(Path(video), info, start, n)
-            if pictures:
-                chunk = np.stack([model_input(p, S) for p in pictures])
+            if pictures:  # resized side by side, as decode resizes (PIL releases the GIL)
+                with ThreadPoolExecutor(resize_workers()) as resizer:
+                    chunk = np.stack(list(resizer.map(model_input, pictures, [S] * len(pictures))))
                 runs.append((len(Zstd(level=3).encode(chunk.tobytes())) + 4, len(chunk)))
     except Exception:  # noqa: BLE001 - a sample is a hint: damage is decode's to report
         pass

@@ -35,10 +35,10 @@ from segpipe.plan import ChunkPlan
 from segpipe.settings import Encoding, Execution
 from segpipe.store.features import (
     LEVELS,
+    Batches,
     as_read_back,
     level_array,
     memory_format,
-    restore_layout,
     storage_dtype,
     stored_numpy_dtype,
     to_storage,
@@ -276,26 +276,44 @@ class FramesOnDisk:
 
 
 class Encoded:
-    """A chunk's three levels as SAM 2's image encoder made them, each held in the dtype it
-    is stored in where that is not float32 (float32 holds every computed dtype exactly: the
-    level itself then), with their kinds ((layout, dtype SAM 2 computed it in, stored
-    dtype) per level); on the device (`run`'s passes) or on the host (the encode stage).
-    `stored()`: as the store holds them (host arrays: what a write writes). `read(a, b)`:
-    frames a..b-1 as a read of them back gives them to the tracker (`as_read_back`: the
-    stored dtype's rounding applied, in the computed dtype and layout), on the levels'
-    device: features kept in memory track exactly as features read back."""
+    """A chunk's three levels as SAM 2's image encoder made them, batch by batch (each level a
+    list of the batches' tensors: a chunk is never copied into one tensor where it is only
+    tracked), each held in the dtype it is stored in where that is not float32 (float32
+    holds every computed dtype exactly: the level itself then), with their kinds ((layout,
+    dtype SAM 2 computed it in, stored dtype) per level); on the device (`run`'s passes) or
+    on the host (the encode stage). `frame_shapes`: a frame's shape per level. `stored()`:
+    as the store holds them (host arrays: what a write writes). `read(a, b)`: frames
+    a..b-1 as a read of them back gives them to the tracker (`as_read_back`: the stored
+    dtype's rounding applied, in the computed dtype and layout), per level `Batches` on the
+    levels' device: features kept in memory track exactly as features read back."""
 
-    def __init__(self, levels: list[torch.Tensor], kinds: list[tuple[str, str, str]]):
+    def __init__(self, levels: list[list[torch.Tensor]], kinds: list[tuple[str, str, str]]):
         self.levels, self.kinds = levels, kinds
 
-    def stored(self) -> list[np.ndarray]:
-        return [to_storage(t.cpu(), kind[2]) for t, kind in zip(self.levels, self.kinds)]
+    @property
+    def frame_shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(parts[0].shape[1:]) for parts in self.levels]
 
-    def read(self, a: int, b: int) -> list[torch.Tensor]:
+    def stored(self) -> list[np.ndarray]:
         return [
-            as_read_back(t[a:b], kind[2], getattr(torch, kind[1]))
-            for t, kind in zip(self.levels, self.kinds)
+            np.concatenate([to_storage(t.cpu(), kind[2]) for t in parts])
+            for parts, kind in zip(self.levels, self.kinds)
         ]
+
+    def read(self, a: int, b: int) -> list[Batches]:
+        """Frames a..b-1 of the chunk, per level (views into the batches that hold them)."""
+        out = []
+        for parts, kind in zip(self.levels, self.kinds):
+            taken, start = [], 0
+            for t in parts:
+                lo, hi = max(a, start), min(b, start + len(t))
+                if lo < hi:
+                    taken.append(
+                        as_read_back(t[lo - start : hi - start], kind[2], getattr(torch, kind[1]))
+                    )
+                start += len(t)
+            out.append(Batches(taken))
+        return out
 
 
 def write_features(store: RunStore, k: int, encoded: Encoded, write: bool = True) -> None:
@@ -311,8 +329,8 @@ def write_features(store: RunStore, k: int, encoded: Encoded, write: bool = True
     dropped chunk."""
     lo, hi = store.plan.bounds(k)
     host = encoded.stored() if write else [None] * len(LEVELS)
-    for name, feats, kind, data in zip(LEVELS, encoded.levels, encoded.kinds, host):
-        arr = level_array(store, name, tuple(feats.shape[1:]), stored_numpy_dtype(kind[2]), kind)
+    for name, shape, kind, data in zip(LEVELS, encoded.frame_shapes, encoded.kinds, host):
+        arr = level_array(store, name, shape, stored_numpy_dtype(kind[2]), kind)
         if write:
             arr[lo:hi] = data
     if write:
@@ -386,8 +404,4 @@ def encode_frames(
             kinds.append((memory_format(feats), str(feats.dtype).removeprefix("torch."), stored))
             held = feats if stored == "float32" else feats.to(getattr(torch, stored))
             outs[level].append(held if on_device else held.cpu())
-    levels = [
-        restore_layout(torch.cat(level), kind[0]) if len(level) > 1 else level[0]
-        for level, kind in zip(outs, kinds)
-    ]
-    return Encoded(levels, kinds)
+    return Encoded([level for level in outs if level], kinds)

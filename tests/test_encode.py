@@ -203,17 +203,19 @@ def test_features_held_in_memory_track_as_features_read_back(small, tmp_path, dt
     rounded as its stored dtype rounds it on the way to the disk and back; `track` on a
     store encoded first reads every chunk back from the disk. With a lossy embedding dtype
     (float32 features stored as bfloat16 or float16) the rounding shows in the scores: both
-    ways give the same masks and scores bit for bit."""
+    ways give the same masks and scores bit for bit. In batches of 3 (chunks of 4: a batch
+    of 3 and one of 1), so the held chunk's frames are served from the batches the encoder
+    made (`Batches`), across a batch's end, as from the chunk read back."""
     from conftest import read_checked, run_in_process, same_values
 
     import segpipe as api
     from segpipe.settings import from_options
 
     held = tmp_path / "held.zarr"
-    run_in_process(small, held, embedding_dtype=dtype, exports=[])
+    run_in_process(small, held, embedding_dtype=dtype, batch_size=3, exports=[])
     staged = tmp_path / "staged.zarr"
     options = dict(chunk_size=4, image_size=IMAGE_SIZE, random_weights=0, progress=False)
-    options = from_options(dict(options, embedding_dtype=dtype))
+    options = from_options(dict(options, embedding_dtype=dtype, batch_size=3))
     api.run(small / "clip.mp4", staged, None, **options)  # encode all
     api.track(staged, small / "prompts.json", execution=api.Execution(progress=False))
     for name in ("masks", "object_scores", "object_areas"):

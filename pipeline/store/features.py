@@ -106,6 +106,28 @@ def as_read_back(x: torch.Tensor, dtype: str, computed: torch.dtype) -> torch.Te
     return x.to(torch.float32).to(computed)
 
 
+class Batches:
+    """A level's frames held as the batches the image encoder gave them, not concatenated
+    into one chunk tensor (a copy of the chunk saved): `len()` counts the frames, and
+    `[i : i + 1]` (the one slice the trackers take) is frame i, a view into its batch, with
+    the batch's strides: the same values and layout as a slice of the concatenated chunk."""
+
+    def __init__(self, parts: list[torch.Tensor]):
+        self.parts = parts
+        self.ends = list(np.cumsum([len(p) for p in parts]))
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if self.parts else 0
+
+    def __getitem__(self, frames: slice) -> torch.Tensor:
+        a, b = frames.start, frames.stop
+        j = int(np.searchsorted(self.ends, a, side="right"))
+        start = int(self.ends[j]) - len(self.parts[j])
+        if frames.step not in (None, 1) or not start <= a < b <= self.ends[j]:
+            raise IndexError(f"frames {a}..{b} are not within one batch")
+        return self.parts[j][a - start : b - start]
+
+
 def from_storage(a: np.ndarray, dtype: str) -> torch.Tensor:
     """Stored features back to a float32 tensor (exact for every stored dtype)."""
     if dtype == "bfloat16":

@@ -20,6 +20,7 @@ from segpipe.stages.track.shared import PerFrame
 from segpipe.stages.track.supply import ChunkSupply
 from segpipe.store.features import (
     LEVELS,
+    Batches,
     from_storage,
     level_kind,
     restore_layout,
@@ -70,6 +71,9 @@ class StoredFeatures(dict):
             host = self._read(lo, hi)
         self.ahead, self.lo, self.levels = None, lo, []
         for feats, (_, _, layout) in zip(host, self.kinds):
+            if isinstance(feats, Batches):  # held: on the device, in SAM 2's layout already
+                self.levels.append(feats)
+                continue
             feats = feats.to(self.device, non_blocking=True)
             self.levels.append(restore_layout(feats, layout))
 
