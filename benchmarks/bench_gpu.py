@@ -156,7 +156,10 @@ def whole_runs(name: str, args, root: Path, device: str, precision: str) -> dict
     peak of accelerator memory. Before anything is timed, a short `segpipe.run` (12 frames
     of the clip, chunks of 8, untimed) warms the device: the first CUDA calls of a process
     load kernels and make library handles (a visit measured the process's first run at 0.62x
-    of the predictor, a second run at 1.13x); warmed, neither side pays for them."""
+    of the predictor, a second run at 1.13x); warmed, neither side pays for them. It also
+    takes segpipe's one-time host costs (imports, thread pools) out of the timed runs, as
+    the predictor's are out of its run: a warm process on both sides (the command's own
+    start-up is `bench_startup.py`'s)."""
     import make_sample
     import torch
     from PIL import Image

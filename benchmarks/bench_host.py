@@ -344,10 +344,10 @@ def main() -> None:
 
 
 def measured(args, side: str, work: Path, n: int) -> dict:
-    """One side's run in a fresh process (a store of its own: the work folder's is removed)."""
-    store = work / f"{side}.zarr"
-    if store.exists():
-        shutil.rmtree(store)
+    """One side's run in a fresh process, its store and exports made anew (an earlier
+    repetition's removed)."""
+    for made in work.glob(f"{side}.*"):
+        shutil.rmtree(made)
     argv = [sys.executable, __file__, "--side", side, "--work", str(work), "--frames", str(n)]
     for flag in ("size", "chunk_size", "model", "device", "precision"):
         value = getattr(args, flag)
@@ -359,6 +359,12 @@ def measured(args, side: str, work: Path, n: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def rest(result: dict) -> float:
+    """Host time on the main thread that no timer names."""
+    named = sum(v for k, v in result["own"].items() if not k.startswith("network"))
+    return result["wall"] - result["network"] - named
+
+
 def median_of(repeats: list[dict]) -> dict:
     """Per side, each figure's median over the repetitions (a step missing from a run: 0);
     `host` the median of each run's wall less its networks (not the medians' difference)."""
@@ -367,6 +373,7 @@ def median_of(repeats: list[dict]) -> dict:
         runs = [r[side] for r in repeats]
         out[side] = {k: statistics.median(r[k] for r in runs) for k in ("wall", "network")}
         out[side]["host"] = statistics.median(r["wall"] - r["network"] for r in runs)
+        out[side]["rest"] = statistics.median(rest(r) for r in runs)
         out[side]["frames"] = runs[0]["frames"]
         for part in ("own", "off"):
             keys = set().union(*(r[part] for r in runs))
@@ -423,11 +430,7 @@ def report(results: dict, args, repeats: list[dict]) -> str:
         )
     for label in labels:
         rows.append(["  " + label] + [ms(s, results[s]["own"].get(label, 0.0)) for s in sides])
-    named = {
-        s: sum(v for k, v in results[s]["own"].items() if not k.startswith("network"))
-        for s in sides
-    }
-    rows.append(["  (untimed: the rest)"] + [ms(s, host[s] - named[s]) for s in sides])
+    rows.append(["  (untimed: the rest)"] + [ms(s, results[s]["rest"]) for s in sides])
     off = sorted({k for r in results.values() for k in r["off"]})
     for label in off:
         rows.append(

@@ -39,6 +39,7 @@ from segpipe.store.features import (
     as_read_back,
     level_array,
     memory_format,
+    restore_layout,
     storage_dtype,
     stored_numpy_dtype,
     to_storage,
@@ -307,10 +308,11 @@ class Encoded:
             taken, start = [], 0
             for t in parts:
                 lo, hi = max(a, start), min(b, start + len(t))
-                if lo < hi:
-                    taken.append(
-                        as_read_back(t[lo - start : hi - start], kind[2], getattr(torch, kind[1]))
+                if lo < hi:  # (the layout a read back restores: a no-op where it is)
+                    frames = as_read_back(
+                        t[lo - start : hi - start], kind[2], getattr(torch, kind[1])
                     )
+                    taken.append(restore_layout(frames, kind[0]))
                 start += len(t)
             out.append(Batches(taken))
         return out

@@ -114,17 +114,17 @@ class Batches:
 
     def __init__(self, parts: list[torch.Tensor]):
         self.parts = parts
-        self.ends = list(np.cumsum([len(p) for p in parts]))
+        self.ends = np.cumsum([len(p) for p in parts])
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if self.parts else 0
 
     def __getitem__(self, frames: slice) -> torch.Tensor:
         a, b = frames.start, frames.stop
-        j = int(np.searchsorted(self.ends, a, side="right"))
-        start = int(self.ends[j]) - len(self.parts[j])
-        if frames.step not in (None, 1) or not start <= a < b <= self.ends[j]:
+        j = int(np.searchsorted(self.ends, a, side="right"))  # the batch frame a is in
+        if j == len(self.parts) or frames.step not in (None, 1) or not 0 <= a < b <= self.ends[j]:
             raise IndexError(f"frames {a}..{b} are not within one batch")
+        start = int(self.ends[j]) - len(self.parts[j])
         return self.parts[j][a - start : b - start]
 
 
