@@ -49,11 +49,9 @@ def open_video(path: Path, stream_index: int | None = None):
     else:
         stream = next((s for s in videos if s.index == stream_index), None)
         if stream is None:
-            container.close()
-            raise BadInput(
-                f"--stream {stream_index}: {path} has video streams "
-                f"{', '.join(str(s.index) for s in videos)}"
-            )
+            have = ", ".join(str(s.index) for s in videos)  # (before the close: PyAV 18.1.1
+            container.close()  # refuses a closed container's streams)
+            raise BadInput(f"--stream {stream_index}: {path} has video streams {have}")
     stream.thread_type = "AUTO"
     return container, stream
 
