@@ -359,10 +359,15 @@ def measured(args, side: str, work: Path, n: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def host_of(result: dict) -> float:
+    """Host time on the critical path: the main thread's wall less its networks."""
+    return result["wall"] - result["network"]
+
+
 def rest(result: dict) -> float:
     """Host time on the main thread that no timer names."""
     named = sum(v for k, v in result["own"].items() if not k.startswith("network"))
-    return result["wall"] - result["network"] - named
+    return host_of(result) - named
 
 
 def median_of(repeats: list[dict]) -> dict:
@@ -372,7 +377,7 @@ def median_of(repeats: list[dict]) -> dict:
     for side in repeats[0]:
         runs = [r[side] for r in repeats]
         out[side] = {k: statistics.median(r[k] for r in runs) for k in ("wall", "network")}
-        out[side]["host"] = statistics.median(r["wall"] - r["network"] for r in runs)
+        out[side]["host"] = statistics.median(host_of(r) for r in runs)
         out[side]["rest"] = statistics.median(rest(r) for r in runs)
         out[side]["frames"] = runs[0]["frames"]
         for part in ("own", "off"):
@@ -425,8 +430,7 @@ def report(results: dict, args, repeats: list[dict]) -> str:
     rows.append(["HOST ON THE CRITICAL PATH"] + [ms(s, host[s]) for s in sides])
     if len(repeats) > 1:  # each run's own figure, the median above
         rows.append(
-            ["  each run"]
-            + [" / ".join(ms(s, r[s]["wall"] - r[s]["network"]) for r in repeats) for s in sides]
+            ["  each run"] + [" / ".join(ms(s, host_of(r[s])) for r in repeats) for s in sides]
         )
     for label in labels:
         rows.append(["  " + label] + [ms(s, results[s]["own"].get(label, 0.0)) for s in sides])

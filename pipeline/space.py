@@ -64,12 +64,13 @@ def sample_frame_bytes(video: Path, info, C: int, S: int) -> tuple[float, str] |
         starts = [0]
         if info.claimed_frames and info.claimed_frames >= 3 * n:
             starts.append(info.claimed_frames // 2)
-        for start in starts:
-            pictures = sample(Path(video), info, start, n)
-            if pictures:  # resized side by side, as decode resizes (PIL releases the GIL)
-                with ThreadPoolExecutor(resize_workers()) as resizer:
-                    chunk = np.stack(list(resizer.map(model_input, pictures, [S] * len(pictures))))
-                runs.append((len(Zstd(level=3).encode(chunk.tobytes())) + 4, len(chunk)))
+        # resized side by side, as decode resizes (PIL releases the GIL)
+        with ThreadPoolExecutor(resize_workers()) as resizer:
+            for start in starts:
+                pictures = sample(Path(video), info, start, n)
+                if pictures:
+                    chunk = np.stack(list(resizer.map(lambda p: model_input(p, S), pictures)))
+                    runs.append((len(Zstd(level=3).encode(chunk.tobytes())) + 4, len(chunk)))
     except Exception:  # noqa: BLE001 - a sample is a hint: damage is decode's to report
         pass
     if not runs:
