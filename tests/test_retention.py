@@ -442,13 +442,65 @@ def test_keep_all_writes_the_features_behind_the_tracking(small, keep_all, tmp_p
     assert_same_results(keep_all, store)
 
 
-def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupted_one(
+def test_keep_masks_records_a_chunk_behind_the_tracking_and_before_the_pass_commits_it(
     small, keep_all, tmp_path, monkeypatch
 ):
-    """Under `--keep all` the features are written by a writer thread: when that write fails
-    (here the disk is full for chunk 3's features), the run stops with that error, the
-    forward pass no further than chunk 3 and chunk 4 not encoded, instead of tracking or
-    encoding on; the rerun ends with the store of an uninterrupted run."""
+    """Under `--keep masks` chunk 3, which only the forward pass tracks, is never written: its
+    records (encoded, its features and frames dropped) are made by the writer thread while
+    the pass tracks the chunk from memory. Held back until the pass has tracked all of
+    chunk 3 and hands it over (`tracked`), and for two seconds more, the record still lands
+    before the pass's commit of chunk 3: a chunk tracked but never recorded encoded would
+    stay so (nothing encodes it again under `--keep masks`). The run ends with the results
+    of an uninterrupted `--keep all` run."""
+    import threading
+
+    from segpipe.stages import encode
+    from segpipe.stages.track.supply import ChunkSupply
+
+    real_write, real_tracked = encode.write_features, ChunkSupply.tracked
+    handed, seen = threading.Event(), {}
+
+    def tracked(self, unit, k):
+        if k == 3:
+            handed.set()
+        return real_tracked(self, unit, k)
+
+    def held_back(store, k, encoded, write=True):
+        if k == 3:
+            seen["thread"] = threading.current_thread().name
+            seen["handed"] = handed.wait(timeout=60)  # never, were it the pass's own thread
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and 3 not in ledger_records(
+                store.path, "track_forward"
+            ):
+                time.sleep(0.01)
+            seen["committed first"] = 3 in ledger_records(store.path, "track_forward")
+            seen["write"] = write
+        return real_write(store, k, encoded, write)
+
+    monkeypatch.setattr(encode, "write_features", held_back)
+    monkeypatch.setattr(ChunkSupply, "tracked", tracked)
+    store = tmp_path / "run.zarr"
+    run_in_process(small, store, keep="masks")
+    assert seen["thread"].startswith("segpipe-features"), seen
+    assert seen["handed"] and not seen["write"], seen  # tracked from memory, never written
+    assert not seen["committed first"], "the pass committed chunk 3 before its encode record"
+    assert ledger_records(store, "encode")[3] <= ledger_records(store, "track_forward")[3]
+    assert 3 in ledger_records(store, "dropped_features")
+    assert not chunk_files(store, "features/level0")
+    assert_same_results(keep_all, store)
+
+
+@pytest.mark.parametrize("keep", ["all", "masks"])
+def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupted_one(
+    small, keep_all, tmp_path, monkeypatch, keep
+):
+    """The features are written (under `--keep masks`, recorded) by a writer thread: when
+    that write fails (here the disk is full for chunk 3's), the run stops with that error,
+    the forward pass no further than chunk 3 (under `--keep masks` not committing it: its
+    commit waits for the chunk's record) and chunk 4 not encoded, instead of tracking or
+    encoding on; the rerun ends with the results (under `--keep all` the store) of an
+    uninterrupted run."""
     import errno
 
     from segpipe.stages import encode
@@ -470,12 +522,15 @@ def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupte
     monkeypatch.setattr(encode, "write_features", full_disk_at_chunk_3)
     monkeypatch.setattr(encode, "chunk_levels", recorded)
     with pytest.raises(OSError, match="No space left"):
-        run_in_process(small, store, keep="all")
+        run_in_process(small, store, keep=keep)
     assert 3 not in ledger_records(store, "encode")
-    assert max(ledger_records(store, "track_forward")) <= 3
+    forward = ledger_records(store, "track_forward")
+    assert max(forward) <= 3 if keep == "all" else 3 not in forward, forward
     assert 4 not in encoded  # stopped once it failed, not after encoding one more chunk
     monkeypatch.setattr(encode, "chunk_levels", levels)
     monkeypatch.setattr(encode, "write_features", real)
-    run_in_process(small, store, keep="all")
-    assert_same_store(keep_all, store)
+    run_in_process(small, store, keep=keep)
+    if keep == "all":
+        assert_same_store(keep_all, store)
+    assert_same_results(keep_all, store)
     assert_same_results(keep_all, store)

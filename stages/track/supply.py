@@ -7,17 +7,22 @@ what was encoded from memory (`held`), never reading back what it was just hande
 chunk encoded here is held until no pass still to run needs it, at most `HOLD` chunks
 (beyond that the oldest on disk goes; a later read of it reads the store).
 
-Under `--keep all` every chunk encoded is written and committed as the encode stage does,
-behind the tracking: a writer thread writes, fsyncs and commits it while the pass tracks it,
-one write in flight at most (handing over the next chunk's waits for it). A crash costs the
-features not yet committed: a rerun of `run` encodes them again (its closing encode); after
-`track` they are missing until a pass reads them or `segpipe encode` runs (`status` shows
-encode unfinished). A failed write is raised at the next look at the supply.
+Every chunk encoded here is written (or recorded) and committed behind the tracking: a
+writer thread does it while the pass tracks the chunk, one write in flight at most (handing
+over the next chunk's waits for it); a failed write is raised at the next look at the
+supply.
+Under `--keep all` each chunk is written and committed as the encode stage does. A crash
+costs the features not yet committed: a rerun of `run` encodes them again (its closing
+encode); after `track` they are missing until a pass reads them or `segpipe encode` runs
+(`status` shows encode unfinished).
 Under `--keep masks` the chunks of the prompted frames are written (a pass encodes them all
 before it applies the prompts, and the passes read them again), and a chunk that a pass
-tracks only where another read of it is still to come: the others never reach the disk, so
-memory holds only the chunk in work beyond what is on disk. A chunk's frames go once it is
-encoded, and its features once no pass still to run needs them (see
+tracks only where another read of it is still to come: the others never reach the disk
+(recorded encoded and dropped), so memory holds only the chunk in work beyond what is on
+disk. A pass's commit of a chunk waits for the chunk's own encode commit (`tracked`: by then
+the write has had the chunk's tracking to finish in), so no chunk is left tracked but not
+encoded, which under `--keep masks` nothing would encode again. A chunk's frames go once it
+is encoded, and its features once no pass still to run needs them (see
 `segpipe.store.retention`).
 """
 
@@ -58,36 +63,41 @@ class ChunkSupply:
 
         self.frames_of = FramesOnDisk(store)
         self.held: dict = {}  # chunk -> its `Encoded` levels (on the device), encoded here
-        self.writer = Behind("segpipe-features") if self.keep == "all" else None
+        self.writer = Behind("segpipe-features")
+        self.writing: int | None = None  # the chunk whose write may be in flight
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, tb):
         try:
-            if self.writer is not None:
-                self.writer.__exit__(kind, error, tb)
+            self.writer.__exit__(kind, error, tb)
         finally:
             self.frames_of.close()
 
     def written(self) -> None:
         """The write in flight committed; its error raised here."""
-        if self.writer is not None:
-            self.writer.wait()
+        self.writer.wait()
+        self.writing = None
 
-    def _write_behind(self, k: int, encoded) -> None:
+    def _written(self, k: int) -> None:
+        """Chunk k's write committed, where it is the one in flight (not waiting for another
+        chunk's: the one the pass has just encoded)."""
+        if self.writing == k:
+            self.written()
+
+    def _write_behind(self, k: int, encoded, write: bool) -> None:
         from segpipe.stages.encode import write_features
 
         try:
-            write_features(self.store, k, encoded)
+            write_features(self.store, k, encoded, write)
         except interrupt.Interrupted:  # raised once the chunk is committed: the pass stops
             pass  # at its own next commit or look (the chunk it encoded meanwhile is kept)
 
     def _failed(self) -> None:
         """Raise the error of a write behind that has failed (disk full...), not waiting for
         one still in flight: the pass stops at once, not at the next chunk it encodes."""
-        if self.writer is not None:
-            self.writer.failed()
+        self.writer.failed()
 
     @staticmethod
     def missing(store: RunStore, todo: dict[str, list[int]], prompt_chunks=()) -> list[int]:
@@ -103,21 +113,17 @@ class ChunkSupply:
         self._failed()
         if k in self.held or has(self.store, "features", k):
             return
-        if self.writer is not None:
-            interrupt.check()  # a signal during the write behind: stop before encoding more
+        interrupt.check()  # a signal during the write behind: stop before encoding more
         from segpipe.stages.encode import chunk_levels
 
         encoded = chunk_levels(
             self.store, self.predictor, k, self.frames_of, self.batch_size, on_device=True
         )
         self.held[k] = encoded
-        if self.writer is not None:  # --keep all: written behind the tracking
-            self.writer.submit(self._write_behind, k, encoded)
-        else:
-            from segpipe.stages.encode import write_features
-
-            write = k in self.prompt_chunks or self._reads(k) > 1
-            write_features(self.store, k, encoded, write)
+        # (--keep masks: written only where it is read again; see the module's docstring)
+        write = self.keep == "all" or k in self.prompt_chunks or self._reads(k) > 1
+        self.writer.submit(self._write_behind, k, encoded, write)
+        self.writing = k
         self._bound()
         if self.bar is not None:
             lo, hi = self.store.plan.bounds(k)
@@ -167,7 +173,10 @@ class ChunkSupply:
 
     def tracked(self, unit, k: int) -> None:
         """`unit` has tracked chunk k (its commit may still be on its way): the features
-        held for it go from memory if no read of them is left."""
+        held for it go from memory if no read of them is left. Under `--keep masks` the
+        chunk's encode commit is waited for here, before the pass's commit of it."""
+        if self.keep == "masks":
+            self._written(k)
         self._failed()
         self.remaining[unit].discard(k)
         if not self._reads(k):
@@ -183,6 +192,8 @@ class ChunkSupply:
         if self._reads(k):
             return
         self.held.pop(k, None)
+        if self.keep == "masks":
+            self._written(k)  # (a write of chunk k in flight would land after a look now)
         if self.keep == "masks" and has(self.store, "features", k):
             drop(self.store, "features", k)
 
