@@ -533,4 +533,3 @@ def test_a_failed_write_behind_stops_the_run_and_a_rerun_ends_as_an_uninterrupte
     if keep == "all":
         assert_same_store(keep_all, store)
     assert_same_results(keep_all, store)
-    assert_same_results(keep_all, store)

@@ -194,8 +194,8 @@ class ChunkSupply:
         self.held.pop(k, None)
         if self.keep == "masks":
             self._written(k)  # (a write of chunk k in flight would land after a look now)
-        if self.keep == "masks" and has(self.store, "features", k):
-            drop(self.store, "features", k)
+            if has(self.store, "features", k):
+                drop(self.store, "features", k)
 
 
 def prompt_reads(plan: ChunkPlan, span: Span, todo: dict, frames) -> tuple[dict, list[int]]:
